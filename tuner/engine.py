@@ -1,0 +1,105 @@
+"""The engine interface: build argv from a config, name the readiness URLs, find the metrics page.
+
+vLLM first. The argv is produced with the same rules ``vllm serve --config file.yaml`` applies to
+a YAML file (bool → ``--x`` / ``--no-x``, list → repeated values, dict → JSON), so a trial's
+command line and the exported ``profile.yaml`` are two spellings of one thing.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UsageError
+
+DEFAULT_VLLM_CMD = "vllm"
+
+
+def resolve_vllm_cmd(vllm_cmd: str) -> list[str]:
+    """Split ``--vllm-cmd`` into argv and check its program exists.
+
+    ``vllm`` falls back to the script beside the running interpreter (a venv that is not
+    activated). A container or scheduler prefix (``srun ... vllm``) is taken as given after its
+    first word is found.
+    """
+    parts = shlex.split(vllm_cmd)
+    if not parts:
+        raise UsageError("--vllm-cmd is empty; give a path, 'vllm', or 'python3 -m vllm.entrypoints.cli.main'")
+    program = parts[0]
+    found = shutil.which(program)
+    if found is None and program == DEFAULT_VLLM_CMD:
+        beside = Path(sys.executable).parent / "vllm"
+        if beside.is_file():
+            found = str(beside)
+    if found is None:
+        raise UsageError(
+            f"--vllm-cmd {vllm_cmd!r}: program {program!r} not found on PATH. Fix: install vLLM "
+            "(bash scripts/setup.sh), give its full path, or use "
+            "--vllm-cmd 'python3 -m vllm.entrypoints.cli.main'")
+    return [found, *parts[1:]]
+
+
+def options_to_argv(options: Mapping[str, Any], *, negatable: frozenset[str] | None = None) -> list[str]:
+    """vLLM's own ``--config`` flattening rules, applied to a mapping of options."""
+    argv: list[str] = []
+    for key, value in options.items():
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            if value:
+                argv.append(flag)
+            elif negatable is None or key in negatable:
+                argv.append(f"--no-{key}")
+        elif isinstance(value, list):
+            if value:
+                argv.append(flag)
+                argv.extend(str(item) for item in value)
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value, sort_keys=True)]
+        elif value is None:
+            continue
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+@dataclass(frozen=True)
+class VllmEngine:
+    """How dsv4-tune drives ``vllm serve``."""
+
+    name: str = "vllm"
+    health_path: str = "/health"
+    models_path: str = "/v1/models"
+    metrics_path: str = "/metrics"
+
+    def serve_options(self, model: str, args: Mapping[str, Any], *, host: str, port: int,
+                      served_model_name: str | None = None) -> dict[str, Any]:
+        """The full option mapping of one launch (what ``profile.yaml`` holds, minus the API key)."""
+        options: dict[str, Any] = {"model": model}
+        options.update(args)
+        options["host"] = host
+        options["port"] = port
+        if served_model_name:
+            options["served-model-name"] = served_model_name
+        return options
+
+    def build_argv(self, vllm_cmd: list[str], options: Mapping[str, Any], *, api_key: str | None) -> list[str]:
+        rest = {k: v for k, v in options.items() if k != "model"}
+        argv = [*vllm_cmd, "serve", str(options["model"]), *options_to_argv(rest)]
+        if api_key:
+            argv += ["--api-key", api_key]
+        return argv
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """A copy of argv safe to write to disk: the value after ``--api-key`` is masked."""
+    out = list(argv)
+    for i, word in enumerate(out[:-1]):
+        if word == "--api-key":
+            out[i + 1] = "***"
+    return out

@@ -1,0 +1,72 @@
+"""One error tree for the whole tool.
+
+Every message says what happened, where the evidence is (a file, a log), and what to do next.
+Only the CLI turns these into exit codes and coloured text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TunerError(Exception):
+    """Base of every error dsv4-tune raises on purpose."""
+
+
+class CatalogError(TunerError):
+    """A catalog file (hardware profile, objective, guard, checkpoint) is unreadable or invalid."""
+
+    def __init__(self, file: Path | str, key: str, problem: str, fix: str) -> None:
+        self.file = str(file)
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        where = f"{self.file}: {key}" if key else self.file
+        super().__init__(f"{where}: {problem}. Fix: {fix}")
+
+
+class UnknownNameError(TunerError):
+    """A hardware profile, objective or guard name that is not in the catalog."""
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.known = known
+        listing = ", ".join(known) if known else "(none)"
+        super().__init__(f"unknown {kind} {name!r}; known: {listing}. Or pass a path to a YAML file.")
+
+
+class UsageError(TunerError):
+    """A command-line value that cannot work (budget of 0, missing model path, ...)."""
+
+
+class LaunchError(TunerError):
+    """The server could not be started or did not become ready."""
+
+    def __init__(self, message: str, *, failure_class: str, log_path: Path | None = None,
+                 log_tail: str = "") -> None:
+        self.failure_class = failure_class
+        self.log_path = log_path
+        self.log_tail = log_tail
+        where = f" (log: {log_path})" if log_path else ""
+        super().__init__(f"{message}{where}")
+
+
+class PortInUseError(TunerError):
+    """The port the user asked for is held by another process."""
+
+
+class StudyError(TunerError):
+    """A study cannot be created, resumed or exported."""
+
+
+class StudyLockedError(StudyError):
+    """Another tuner holds this study's lock."""
+
+
+class NoFeasibleTrialError(StudyError):
+    """Export was asked for, but no trial passed its gates and SLOs."""
+
+
+class LoadError(TunerError):
+    """The load generator was given inputs it cannot use (a failed request is a record, not this)."""

@@ -1,0 +1,137 @@
+"""Export the best feasible trial as launch files: ``runs/<study>/best/``.
+
+    profile.yaml    options for ``vllm serve --config profile.yaml``
+    serve.sh        starts it, with the environment the winner needs (no secrets)
+    identity.json   the serving identity and the figures behind the choice
+    evidence/       the winning trial's records (config, command, outcome, load summary, metrics)
+
+A trial that failed a gate, crashed or missed an SLO is never exported.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from tuner import store
+from tuner.engine import VllmEngine
+from tuner.errors import NoFeasibleTrialError, StudyError
+from tuner.identity import model_identity, runtime_identity
+from tuner.study import Study, best_feasible_trial
+
+EXPORT_PORT = 8000
+EVIDENCE_FILES = ("config.json", "command.json", "outcome.json", "load.json", "server_metrics.json",
+                  "guards.json")
+
+
+def _failure_counts(study: optuna.Study) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("feasible"):
+            continue
+        counts[str(t.user_attrs.get("failure_class") or t.state.name.lower())] += 1
+    return dict(counts)
+
+
+def serve_script(study_name: str, trial_number: int, headline: str, env: dict[str, str], vllm_cmd: str) -> str:
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# dsv4-tune export: study {study_name}, trial {trial_number}",
+        f"# {headline}",
+        "# Secrets (HF_TOKEN, VLLM_API_KEY, ...) are taken from your environment; none is written here.",
+        "# Extra vllm flags may follow: ./serve.sh --port 9000",
+        "set -euo pipefail",
+        'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+    ]
+    for key, value in sorted(env.items()):
+        if store.SECRET_NAME.search(key):
+            continue
+        lines.append(f"export {key}={shlex.quote(value)}")
+    lines.append(f"VLLM_CMD=${{VLLM_CMD:-{shlex.quote(vllm_cmd)}}}")
+    lines.append('read -r -a vllm_argv <<< "$VLLM_CMD"')
+    lines.append('exec "${vllm_argv[@]}" serve --config "$here/profile.yaml" "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
+    """Write the launch files of the best feasible trial; return the folder."""
+    study = study_obj.optuna_study()
+    best = best_feasible_trial(study)
+    if best is None:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(_failure_counts(study).items())) or "no trials yet"
+        raise NoFeasibleTrialError(
+            f"study {study_obj.record.name!r} has no trial that passed its gates and met its SLOs "
+            f"({counts}). Fix: look at trials.csv and the trials' outcome.json; relax --slo limits or "
+            "run more trials")
+    tdir = study_obj.path / str(best.user_attrs["trial_dir"])
+    config_path = tdir / "config.json"
+    if not config_path.is_file():
+        raise StudyError(f"trial {best.number} has no {config_path}; its folder was removed. Fix: re-run it")
+    config = store.read_json(config_path)
+    outcome = store.read_json(tdir / "outcome.json")
+    command = store.read_json(tdir / "command.json")
+    ctx_model = study_obj.context().model
+    served = Path(ctx_model).name if Path(ctx_model).exists() else ctx_model
+    options = VllmEngine().serve_options(ctx_model, config["args"], host=study_obj.profile.server.host,
+                                         port=EXPORT_PORT, served_model_name=served)
+    best_dir = out_dir or study_obj.path / "best"
+    best_dir.mkdir(parents=True, exist_ok=True)
+    metric = study_obj.objective.metric
+    headline = (f"{metric} = {best.value:.2f} on workload {study_obj.objective.name!r}, "
+                f"SLOs {study_obj.objective.slos}")
+    header = f"# dsv4-tune export: study {study_obj.record.name}, trial {best.number}\n# {headline}\n"
+    store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
+    env = {k: v for k, v in command.get("env", {}).items() if k != "VLLM_API_KEY"}
+    store.write_text(best_dir / "serve.sh",
+                     serve_script(study_obj.record.name, best.number, headline, env, study_obj.record.vllm_cmd),
+                     mode=0o755)
+    store.write_json(best_dir / "identity.json", _identity(study_obj, best, options, outcome, ctx_model))
+    evidence = best_dir / "evidence"
+    evidence.mkdir(exist_ok=True)
+    for name in EVIDENCE_FILES:
+        if (tdir / name).is_file():
+            shutil.copyfile(tdir / name, evidence / name)
+    study_obj.write_trials_table(study)
+    return best_dir
+
+
+def _identity(study_obj: Study, best: optuna.trial.FrozenTrial, options: dict[str, Any],
+              outcome: dict[str, Any], model: str) -> dict[str, Any]:
+    args = options
+    profile = study_obj.profile
+    return {
+        "study": study_obj.record.name,
+        "trial": best.number,
+        "objective": {"name": study_obj.objective.name, "metric": study_obj.objective.metric,
+                      "direction": study_obj.objective.direction, "value": best.value,
+                      "slos": study_obj.objective.slos,
+                      "max_failed_fraction": study_obj.objective.max_failed_fraction},
+        "workload": json.loads(study_obj.objective.workload.model_dump_json()),
+        "checkpoint": model_identity(model),
+        "draft": args.get("speculative-config"),
+        "hardware_profile": {"name": profile.name, **profile.hardware.model_dump()},
+        "topology": {"tensor_parallel_size": args.get("tensor-parallel-size", 1),
+                     "data_parallel_size": args.get("data-parallel-size", 1),
+                     "expert_parallel": bool(args.get("enable-expert-parallel", False))},
+        "kv_cache_dtype": args.get("kv-cache-dtype", "auto"),
+        "context": args.get("max-model-len"),
+        "runtime": {**runtime_identity(), "vllm_server": outcome.get("server_metrics", {}).get("server_version")},
+        "measured": {k: outcome.get("summary", {}).get(k) for k in (
+            "output_throughput", "request_throughput", "p50_ttft_ms", "p95_ttft_ms", "p95_itl_ms",
+            "p95_tpot_ms", "completed", "failed")},
+        "constraints": dict(zip(best.user_attrs.get("constraint_names", study_obj_constraint_names(study_obj)),
+                                best.user_attrs.get("constraints", []), strict=False)),
+    }
+
+
+def study_obj_constraint_names(study_obj: Study) -> list[str]:
+    from tuner.objective import constraint_names
+
+    return constraint_names(study_obj.objective)

@@ -1,0 +1,284 @@
+"""Start one server, wait until it is ready, stop it and everything it spawned.
+
+Only this module starts processes. A server runs in its own session (process group) so SIGTERM,
+then SIGKILL, reaches every child; its pid/pgid is written beside its log so that a later run can
+find and stop it if this tuner is killed outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from tuner.errors import LaunchError, PortInUseError
+from tuner.failures import FailureClass, classify_startup_failure
+
+log = logging.getLogger(__name__)
+
+PID_FILE = "server.pid.json"
+LOG_FILE = "server.log"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def choose_port(host: str, requested: int | None) -> int:
+    """The requested port if free, else a free one; never a port someone else holds."""
+    if requested is None:
+        return free_port(host)
+    if port_is_free(host, requested):
+        return requested
+    fallback = free_port(host)
+    log.warning("port %d on %s is taken (%s); using %d instead", requested, host,
+                describe_port_holder(requested), fallback)
+    return fallback
+
+
+def describe_port_holder(port: int) -> str:
+    """Best effort: which process listens on ``port`` (Linux /proc), for error messages."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                parts = line.split()
+                if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(parts[9])
+    if not inodes:
+        return "holder unknown"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    return f"held by pid {proc.name}: {cmd.strip()[:120]}"
+    return "held by a process this user cannot see"
+
+
+def wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if port_is_free(host, port):
+            return True
+        time.sleep(0.2)
+    return port_is_free(host, port)
+
+
+def kill_group(pgid: int, *, grace_s: float = 15.0) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.1)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A group whose members are all zombies still "exists"; look for a live member.
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (proc / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def tail(path: Path, max_bytes: int = 6000) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    argv: list[str]
+    env: Mapping[str, str]
+    host: str
+    port: int
+    workdir: Path
+    ready_timeout_s: float
+    api_key: str | None = None
+    model_name: str | None = None
+
+
+class ServerProcess:
+    """A running server. Use as a context manager: the server is always stopped on exit."""
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.log_path = spec.workdir / LOG_FILE
+        self.pid_path = spec.workdir / PID_FILE
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+
+    def start(self) -> None:
+        if not port_is_free(self.spec.host, self.spec.port):
+            raise PortInUseError(f"port {self.spec.port} on {self.spec.host} is taken "
+                                 f"({describe_port_holder(self.spec.port)})")
+        self.spec.workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.spec.env}
+        log.info("starting server on %s:%d", self.spec.host, self.spec.port)
+        with self.log_path.open("ab") as log_fh:
+            self.proc = subprocess.Popen(
+                self.spec.argv, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=self.spec.workdir, start_new_session=True)
+        record = {"pid": self.proc.pid, "pgid": self.proc.pid, "host": self.spec.host,
+                  "port": self.spec.port, "started_at": time.time(), "program": self.spec.argv[0]}
+        self.pid_path.write_text(json.dumps(record))
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def wait_ready(self, *, should_stop: Callable[[], bool] | None = None) -> float:
+        """Block until /health and /v1/models answer 200; return seconds taken."""
+        started = time.monotonic()
+        deadline = started + self.spec.ready_timeout_s
+        with httpx.Client(timeout=httpx.Timeout(5.0), headers=self.headers) as client:
+            while True:
+                code = self.exited()
+                if code is not None:
+                    log_tail = tail(self.log_path)
+                    diag = classify_startup_failure(log_tail, code)
+                    raise LaunchError(f"server exited during startup ({diag.failure_class.value}): "
+                                      f"{diag.reason}", failure_class=diag.failure_class.value,
+                                      log_path=self.log_path, log_tail=log_tail)
+                if self._answers(client):
+                    return time.monotonic() - started
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"server not ready after {self.spec.ready_timeout_s:.0f} s",
+                                      failure_class=FailureClass.TIMEOUT.value, log_path=self.log_path,
+                                      log_tail=tail(self.log_path))
+                if should_stop is not None and should_stop():
+                    raise LaunchError("stopped while waiting for the server",
+                                      failure_class=FailureClass.INTERRUPTED.value, log_path=self.log_path)
+                time.sleep(1.0)
+
+    def _answers(self, client: httpx.Client) -> bool:
+        try:
+            health = client.get(self.base_url + "/health")
+            if health.status_code != 200:
+                return False
+            models = client.get(self.base_url + "/v1/models")
+        except httpx.HTTPError:
+            return False
+        return models.status_code == 200
+
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        try:
+            return httpx.get(self.base_url + "/health", timeout=timeout_s, headers=self.headers).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        kill_group(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        if not wait_port_free(self.spec.host, self.spec.port):
+            log.warning("port %d still busy after the server stopped", self.spec.port)
+        with contextlib.suppress(FileNotFoundError):
+            self.pid_path.unlink()
+        self.proc = None
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def stop_orphans(root: Path) -> list[dict[str, object]]:
+    """Stop servers a killed tuner left behind: every ``server.pid.json`` under ``root``.
+
+    A recorded group is stopped only if one of its processes still runs the recorded program, so a
+    recycled pid is never killed.
+    """
+    stopped: list[dict[str, object]] = []
+    for pid_file in sorted(root.glob(f"**/{PID_FILE}")):
+        try:
+            record = json.loads(pid_file.read_text())
+            pgid = int(record["pgid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pid_file.unlink(missing_ok=True)
+            continue
+        if group_alive(pgid) and _group_runs(pgid, str(record.get("program", ""))):
+            log.warning("stopping orphaned server pgid %d from %s", pgid, pid_file.parent)
+            kill_group(pgid)
+            stopped.append(record)
+        pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def _group_runs(pgid: int, program: str) -> bool:
+    name = Path(program).name
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not name or name in cmd or "vllm" in cmd:
+                return True
+    return False

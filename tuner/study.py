@@ -1,0 +1,431 @@
+"""The study: Optuna ask/tell around ``run_trial``, on SQLite storage in the run folder.
+
+Only this module imports Optuna. A trial that could not launch, crashed, or missed an SLO is told
+to Optuna as COMPLETE with its constraint margins (> 0 = violated) so the constrained TPE sampler
+learns from it; it is never left out as FAIL. FAIL is kept for trials the tuner itself abandoned
+(interrupted), which ``resume`` queues again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner import store
+from tuner.engine import resolve_vllm_cmd
+from tuner.errors import StudyError, StudyLockedError, UsageError
+from tuner.failures import FailureClass
+from tuner.launcher import stop_orphans
+from tuner.objective import Objective, constraint_names, failed_score, load_objective
+from tuner.space import HardwareProfile, ServeConfig, load_profile, suggest
+from tuner.trial import TrialContext, TrialOutcome, run_trial
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+DEMO_MODEL = "demo"
+MAX_DUPLICATES_IN_A_ROW = 50
+
+
+class StudyRecord(BaseModel):
+    """What the user asked for; ``study.json``. ``resume`` rebuilds the run from it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    hw: str
+    objective: str
+    model: str
+    vllm_cmd: str = "vllm"
+    port: int | None = None
+    trials: int | None = None
+    budget_s: float | None = None
+    seed: int = 0
+    slo_overrides: dict[str, float] = Field(default_factory=dict)
+    ready_timeout_s: float | None = None
+    created_at: float = Field(default_factory=time.time)
+
+
+@dataclass
+class Progress:
+    """What the CLI shows: updated at every phase change."""
+
+    study: str
+    launched: int = 0
+    target: int | None = None
+    phase: str = "starting"
+    trial_number: int | None = None
+    best_value: float | None = None
+    best_trial: int | None = None
+    deadline: float | None = None
+    last: str = ""
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.time())
+
+
+def storage_url(study_path: Path) -> str:
+    return f"sqlite:///{study_path / 'study.db'}"
+
+
+class StudyLock:
+    """One tuner per study: an exclusive, non-blocking flock on ``<study>/.lock``."""
+
+    def __init__(self, study_path: Path) -> None:
+        self.path = study_path / ".lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> StudyLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StudyLockedError(
+                f"study {self.path.parent.name!r} is already being run by another tuner (pid {holder}); "
+                "wait for it, or stop it first") from exc
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def resolve_model(model: str, runs_dir: Path) -> str:
+    """``demo`` → the generated tiny model; a local path must exist; anything else is a hub id."""
+    if model == DEMO_MODEL:
+        from tuner.demo_model import build_demo_model
+
+        return str(build_demo_model(runs_dir / "_models" / "demo").resolve())
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1:
+        raise UsageError(f"--model {model!r}: no such file or directory. Fix: give the path of a model "
+                         "folder (with config.json), a hub id such as deepseek-ai/DeepSeek-V4-Flash-0731, "
+                         "or 'demo' for the generated tiny model")
+    return model
+
+
+def vocab_size_of(model: str, default: int = 32000) -> int:
+    config = Path(model) / "config.json"
+    try:
+        return int(json.loads(config.read_text()).get("vocab_size", default))
+    except (OSError, ValueError, TypeError):
+        return default
+
+
+def make_sampler(seed: int, n_startup_trials: int = 4) -> optuna.samplers.BaseSampler:
+    """Constrained TPE: it reads each trial's named constraints (``Trial.set_constraint``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                          n_startup_trials=n_startup_trials)
+
+
+class Study:
+    """One named study in ``runs_dir``: create it, run it, resume it."""
+
+    def __init__(self, record: StudyRecord, runs_dir: Path) -> None:
+        self.record = record
+        self.runs_dir = runs_dir
+        self.path = store.study_dir(runs_dir, record.name)
+        self.profile: HardwareProfile = self._snapshot_profile()
+        self.objective: Objective = self._snapshot_objective().with_slos(record.slo_overrides)
+
+    # -- creation and loading ------------------------------------------------------------------
+    @classmethod
+    def create(cls, record: StudyRecord, runs_dir: Path) -> Study:
+        if not store.STUDY_NAME.match(record.name):
+            raise UsageError(f"--study {record.name!r}: use letters, digits, '.', '_' and '-' only")
+        path = store.study_dir(runs_dir, record.name)
+        if (path / "study.json").exists():
+            raise StudyError(f"study {record.name!r} already exists in {path}. Fix: "
+                             f"`dsv4-tune resume {record.name}`, or pick another --study name")
+        path.mkdir(parents=True, exist_ok=True)
+        store.write_json(path / "study.json", record.model_dump())
+        return cls(record, runs_dir)
+
+    @classmethod
+    def open(cls, name: str, runs_dir: Path) -> Study:
+        path = store.study_dir(runs_dir, name)
+        record_path = path / "study.json"
+        if not record_path.is_file():
+            known = sorted(p.parent.name for p in runs_dir.glob("*/study.json")) if runs_dir.is_dir() else []
+            raise StudyError(f"no study {name!r} in {runs_dir}; known: {', '.join(known) or '(none)'}. "
+                             "Fix: check --runs-dir and the name (`dsv4-tune list --studies`)")
+        data = store.read_json(record_path)
+        version = int(data.get("schema_version", 0)) if isinstance(data, dict) else 0
+        if version > SCHEMA_VERSION:
+            raise StudyError(f"{record_path}: schema_version {version} is newer than this dsv4-tune "
+                             f"understands ({SCHEMA_VERSION}). Fix: upgrade dsv4-tune")
+        return cls(StudyRecord.model_validate(data), runs_dir)
+
+    def _snapshot_profile(self) -> HardwareProfile:
+        snap = self.path / "profile.yaml"
+        if not snap.exists():
+            source = load_profile(self.record.hw)  # validates before copying
+            from tuner.catalog import resolve
+            store.write_text(snap, resolve("search_spaces", self.record.hw).read_text(encoding="utf-8"))
+            return source
+        return load_profile(str(snap))
+
+    def _snapshot_objective(self) -> Objective:
+        snap = self.path / "objective.yaml"
+        if not snap.exists():
+            source = load_objective(self.record.objective)
+            from tuner.catalog import resolve
+            store.write_text(snap, resolve("objectives", self.record.objective).read_text(encoding="utf-8"))
+            return source
+        return load_objective(str(snap))
+
+    def optuna_study(self) -> optuna.Study:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        return optuna.create_study(
+            study_name=self.record.name, storage=storage_url(self.path), load_if_exists=True,
+            direction=self.objective.direction, sampler=make_sampler(self.record.seed))
+
+    def context(self) -> TrialContext:
+        model = resolve_model(self.record.model, self.runs_dir)
+        return TrialContext(
+            vllm_cmd=resolve_vllm_cmd(self.record.vllm_cmd), model=model, objective=self.objective,
+            host=self.profile.server.host, port=self.record.port,
+            ready_timeout_s=self.record.ready_timeout_s or self.profile.server.ready_timeout_s,
+            vocab_size=vocab_size_of(model),
+            served_model_name=Path(model).name if Path(model).exists() else model)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, *, on_progress: Callable[[Progress], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> optuna.Study:
+        with StudyLock(self.path):
+            orphans = stop_orphans(self.path / "trials")
+            if orphans:
+                log.warning("stopped %d orphaned server(s) left by an earlier run", len(orphans))
+            ctx = self.context()
+            study = self.optuna_study()
+            store.write_json(self.path / "study.json", self.record.model_dump())
+            self._prepare_queue(study)
+            return self._loop(study, ctx, on_progress or (lambda _p: None), should_stop or (lambda: False))
+
+    def _prepare_queue(self, study: optuna.Study) -> None:
+        if not study.user_attrs.get("baselines_enqueued"):
+            for base in self.profile.baselines:
+                study.enqueue_trial(dict(base.values), user_attrs={"baseline": base.name},
+                                    skip_if_exists=True)
+            study.set_user_attr("baselines_enqueued", True)
+            study.set_user_attr("constraint_names", constraint_names(self.objective))
+        requeued: list[int] = list(study.user_attrs.get("requeued", []))
+        for t in study.get_trials(deepcopy=False):
+            abandoned = t.state == TrialState.RUNNING or (
+                t.state == TrialState.FAIL and t.user_attrs.get("interrupted"))
+            if not abandoned or t.number in requeued:
+                continue
+            if t.state == TrialState.RUNNING:
+                study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            log.info("re-queueing trial %d, abandoned by an earlier run", t.number)
+            study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+            requeued.append(t.number)
+        study.set_user_attr("requeued", requeued)
+
+    def _loop(self, study: optuna.Study, ctx: TrialContext, on_progress: Callable[[Progress], None],
+              should_stop: Callable[[], bool]) -> optuna.Study:
+        started = time.time()
+        deadline = started + self.record.budget_s if self.record.budget_s else None
+        progress = Progress(study=self.record.name, target=self.record.trials, deadline=deadline)
+        launched_keys = self._launched_keys(study)
+        progress.launched = len(launched_keys_numbers(study))
+        self._update_best(study, progress)
+        duplicates = 0
+        while True:
+            if self.record.trials is not None and progress.launched >= self.record.trials:
+                progress.last = f"reached --trials {self.record.trials}"
+                break
+            if deadline is not None and not self._time_for_another(study, deadline):
+                progress.last = "budget left is shorter than one trial; stopping"
+                break
+            if should_stop():
+                break
+            trial = study.ask()
+            config = suggest(self.profile, trial)
+            key = config.key()
+            if key in launched_keys:
+                self._tell_duplicate(study, trial, launched_keys[key])
+                duplicates += 1
+                if duplicates >= MAX_DUPLICATES_IN_A_ROW:
+                    progress.last = "the sampler keeps proposing launched configurations; space exhausted"
+                    break
+                continue
+            duplicates = 0
+            outcome = self._run_one(study, trial, config, ctx, progress, on_progress, should_stop)
+            launched_keys[key] = trial.number
+            progress.launched += 1
+            self._update_best(study, progress)
+            progress.last = (f"trial {trial.number}: {outcome.value:.1f} {self.objective.metric}"
+                             if outcome.ok else f"trial {trial.number} failed: {outcome.failure_class}")
+            progress.events.append(progress.last)
+            on_progress(progress)
+            if config.is_speculative:
+                self._enqueue_control(study, config, launched_keys)
+            self.write_trials_table(study)
+        progress.phase = "done"
+        on_progress(progress)
+        self.write_trials_table(study)
+        return study
+
+    def _run_one(self, study: optuna.Study, trial: optuna.Trial, config: ServeConfig, ctx: TrialContext,
+                 progress: Progress, on_progress: Callable[[Progress], None],
+                 should_stop: Callable[[], bool]) -> TrialOutcome:
+        tdir = store.trial_dir(self.path, trial.number)
+        trial.set_user_attr("trial_dir", str(tdir.relative_to(self.path)))
+        trial.set_user_attr("config_key", config.key())
+        trial.set_user_attr("speculative", config.is_speculative)
+        progress.trial_number = trial.number
+
+        def phase(name: str) -> None:
+            progress.phase = name
+            on_progress(progress)
+
+        try:
+            outcome = run_trial(ctx, config, tdir, should_stop=should_stop, on_phase=phase)
+        except BaseException:
+            trial.set_user_attr("interrupted", True)
+            trial.set_user_attr("failure_class", FailureClass.INTERRUPTED.value)
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        if outcome.failure_class == FailureClass.INTERRUPTED.value:
+            trial.set_user_attr("interrupted", True)
+            trial.set_user_attr("failure_class", outcome.failure_class)
+            study.tell(trial, state=TrialState.FAIL)
+            raise KeyboardInterrupt
+        self._record(trial, outcome)
+        study.tell(trial, outcome.value)
+        return outcome
+
+    def _record(self, trial: optuna.Trial, outcome: TrialOutcome) -> None:
+        trial.set_user_attr("constraints", list(outcome.constraints))
+        for name, margin in zip(constraint_names(self.objective), outcome.constraints, strict=True):
+            trial.set_constraint(name, margin)
+        trial.set_user_attr("ok", outcome.ok)
+        trial.set_user_attr("feasible", outcome.feasible)
+        trial.set_user_attr("failure_class", outcome.failure_class)
+        trial.set_user_attr("reason", outcome.reason[:1000])
+        trial.set_user_attr("duration_s", round(outcome.duration_s, 2))
+        trial.set_user_attr("ready_s", outcome.ready_s)
+        for key in ("p95_ttft_ms", "p95_itl_ms", "p95_tpot_ms", "output_throughput", "request_throughput",
+                    "completed", "failed"):
+            if key in outcome.summary:
+                trial.set_user_attr(key, outcome.summary[key])
+
+    def _tell_duplicate(self, study: optuna.Study, trial: optuna.Trial, original: int) -> None:
+        """A configuration already launched: reuse its result instead of launching it again."""
+        first = study.trials[original]
+        for key, value in first.user_attrs.items():
+            if key not in ("trial_dir",):
+                trial.set_user_attr(key, value)
+        trial.set_user_attr("duplicate_of", original)
+        for name, margin in first.constraints.items():
+            trial.set_constraint(name, margin)
+        value = first.value if first.value is not None else failed_score(self.objective).value
+        study.tell(trial, value)
+
+    def _enqueue_control(self, study: optuna.Study, config: ServeConfig, launched: dict[str, int]) -> None:
+        control = config.control()
+        if control.key() in launched:
+            return
+        log.info("queueing the no-speculation control of the last trial")
+        study.enqueue_trial(dict(control.params), user_attrs={"control_for": config.key()},
+                            skip_if_exists=True)
+
+    @staticmethod
+    def _launched_keys(study: optuna.Study) -> dict[str, int]:
+        keys: dict[str, int] = {}
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            key = t.user_attrs.get("config_key")
+            if key and "duplicate_of" not in t.user_attrs and key not in keys:
+                keys[key] = t.number
+        return keys
+
+    def _time_for_another(self, study: optuna.Study, deadline: float) -> bool:
+        durations = [float(t.user_attrs["duration_s"]) for t in study.get_trials(deepcopy=False)
+                     if "duration_s" in t.user_attrs and "duplicate_of" not in t.user_attrs]
+        estimate = statistics.median(durations) if durations else 0.0
+        return time.time() + estimate <= deadline
+
+    def _update_best(self, study: optuna.Study, progress: Progress) -> None:
+        best = best_feasible_trial(study)
+        if best is not None and best.value is not None:
+            progress.best_value = best.value
+            progress.best_trial = best.number
+
+    def write_trials_table(self, study: optuna.Study) -> Path:
+        frame = trials_frame(study)
+        out = self.path / "trials.csv"
+        store.write_text(out, frame.to_csv(index=False))
+        return out
+
+
+def launched_keys_numbers(study: optuna.Study) -> list[int]:
+    return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "duplicate_of" not in t.user_attrs]
+
+
+def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The best COMPLETE trial that ran, passed its gates and met every SLO."""
+    candidates = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                  if t.user_attrs.get("feasible") and "duplicate_of" not in t.user_attrs
+                  and t.value is not None]
+    if not candidates:
+        return None
+    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    return max(candidates, key=lambda t: sign * float(t.value or 0.0))
+
+
+def trials_frame(study: optuna.Study) -> Any:
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for t in study.get_trials(deepcopy=False):
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name, "value": t.value}
+        row.update({f"param.{k}": v for k, v in t.params.items()})
+        row.update({k: v for k, v in t.user_attrs.items() if k != "constraints"})
+        row["constraints"] = json.dumps(t.user_attrs.get("constraints"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def new_record(*, name: str | None, hw: str, objective: str, model: str | None, vllm_cmd: str,
+               port: int | None, trials: int | None, budget_s: float | None, seed: int,
+               slo_overrides: dict[str, float], ready_timeout_s: float | None) -> StudyRecord:
+    profile = load_profile(hw)
+    load_objective(objective)
+    chosen_model = model or profile.server.model
+    if not chosen_model:
+        raise UsageError(f"profile {profile.name!r} names no default model. Fix: pass --model PATH_OR_ID")
+    study_name = name or f"{profile.name}-{Path(objective).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return StudyRecord(name=study_name, hw=hw, objective=objective, model=chosen_model, vllm_cmd=vllm_cmd,
+                       port=port, trials=trials, budget_s=budget_s, seed=seed, slo_overrides=slo_overrides,
+                       ready_timeout_s=ready_timeout_s)
+

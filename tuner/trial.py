@@ -1,0 +1,208 @@
+"""One trial: launch → readiness → (guards) → load → score → stop.
+
+``run_trial`` is the plain function the study wraps in Optuna's ask/tell. It never raises for a
+failure of the server: every outcome, good or bad, comes back as a :class:`TrialOutcome` and is
+written to the trial's folder. Only an interrupt of the tuner itself propagates (after the server
+has been stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tuner import metrics, store
+from tuner.engine import VllmEngine, redact_argv
+from tuner.errors import LaunchError, PortInUseError
+from tuner.failures import FailureClass
+from tuner.launcher import LaunchSpec, ServerProcess, choose_port, tail
+from tuner.loadgen import run_load_sync
+from tuner.objective import Objective, Score, failed_score, score
+from tuner.space import ServeConfig
+
+log = logging.getLogger(__name__)
+
+SERVER_COUNTERS = (
+    "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:num_preemptions",
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+    "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial of a study shares."""
+
+    vllm_cmd: list[str]
+    model: str
+    objective: Objective
+    host: str = "127.0.0.1"
+    port: int | None = None
+    ready_timeout_s: float = 600.0
+    vocab_size: int = 32000
+    served_model_name: str = "model"
+    engine: VllmEngine = field(default_factory=VllmEngine)
+    health_poll_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    ok: bool
+    value: float
+    constraints: tuple[float, ...]
+    failure_class: str | None
+    reason: str
+    summary: Mapping[str, Any]
+    server_metrics: Mapping[str, Any]
+    ready_s: float | None
+    duration_s: float
+    trial_dir: str
+    config_key: str
+
+    @property
+    def feasible(self) -> bool:
+        return self.ok and all(c <= 0 for c in self.constraints)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["feasible"] = self.feasible
+        return data
+
+
+class _HealthWatch:
+    """Polls /health during the load; trips after 3 misses in a row, or when the process exits."""
+
+    def __init__(self, server: ServerProcess, poll_s: float) -> None:
+        self.server = server
+        self.poll_s = poll_s
+        self.tripped: FailureClass | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
+
+    def _run(self) -> None:
+        misses = 0
+        while not self._stop.wait(self.poll_s):
+            if self.server.exited() is not None:
+                self.tripped = FailureClass.DIED_DURING_LOAD
+                return
+            misses = 0 if self.server.healthy(timeout_s=max(1.0, self.poll_s)) else misses + 1
+            if misses >= 3:
+                self.tripped = FailureClass.UNHEALTHY
+                return
+
+    def __enter__(self) -> _HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def _scrape(server: ServerProcess) -> dict[Any, float]:
+    try:
+        resp = httpx.get(server.base_url + "/metrics", timeout=10.0, headers=server.headers)
+        resp.raise_for_status()
+    except httpx.HTTPError as exc:
+        log.warning("could not read /metrics: %s", exc)
+        return {}
+    return dict(metrics.parse_prometheus(resp.text))
+
+
+def _server_version(server: ServerProcess) -> str | None:
+    try:
+        resp = httpx.get(server.base_url + "/version", timeout=5.0, headers=server.headers)
+        return str(resp.json().get("version")) if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
+def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, started: float, *, score_: Score,
+             ok: bool, failure_class: str | None, reason: str, summary: Mapping[str, Any] | None = None,
+             server_metrics: Mapping[str, Any] | None = None, ready_s: float | None = None) -> TrialOutcome:
+    outcome = TrialOutcome(
+        ok=ok, value=score_.value, constraints=score_.constraints, failure_class=failure_class,
+        reason=reason, summary=dict(summary or {}), server_metrics=dict(server_metrics or {}),
+        ready_s=ready_s, duration_s=time.monotonic() - started, trial_dir=str(tdir), config_key=config.key())
+    store.write_json(tdir / "outcome.json", outcome.to_json())
+    return outcome
+
+
+def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
+              should_stop: Callable[[], bool] | None = None,
+              on_phase: Callable[[str], None] | None = None) -> TrialOutcome:
+    """Run one trial end to end and record it under ``tdir``."""
+    started = time.monotonic()
+    phase = on_phase or (lambda _p: None)
+    tdir.mkdir(parents=True, exist_ok=True)
+    api_key = secrets.token_urlsafe(24)
+    port = choose_port(ctx.host, ctx.port)
+    options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=port,
+                                       served_model_name=ctx.served_model_name)
+    argv = ctx.engine.build_argv(ctx.vllm_cmd, options, api_key=None)
+    env = {**config.env, "VLLM_API_KEY": api_key}
+    store.write_json(tdir / "config.json", {"args": config.args, "env": store.safe_env(dict(config.env)),
+                                            "params": config.params, "key": config.key(),
+                                            "speculative": config.is_speculative})
+    store.write_json(tdir / "command.json", {"argv": redact_argv(argv), "env": store.safe_env(env),
+                                             "port": port, "host": ctx.host})
+    spec = LaunchSpec(argv=argv, env=env, host=ctx.host, port=port, workdir=tdir,
+                      ready_timeout_s=ctx.ready_timeout_s, api_key=api_key,
+                      model_name=ctx.served_model_name)
+    server = ServerProcess(spec)
+    try:
+        phase("launch")
+        with server:
+            try:
+                ready_s = server.wait_ready(should_stop=should_stop)
+            except LaunchError as exc:
+                return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
+                                failure_class=exc.failure_class, reason=str(exc))
+            log.info("server ready in %.1f s", ready_s)
+            phase("load")
+            before = _scrape(server)
+            with _HealthWatch(server, ctx.health_poll_s) as watch:
+                def stop_load() -> bool:
+                    return watch.tripped is not None or bool(should_stop and should_stop())
+
+                result = run_load_sync(server.base_url, ctx.served_model_name, ctx.objective.workload,
+                                       vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load)
+            summary = metrics.summarize(result)
+            after = _scrape(server) if watch.tripped is None else {}
+            deltas = metrics.counter_deltas(before, after, SERVER_COUNTERS) if after else {}
+            server_metrics = {"counters": deltas, "spec_decode": metrics.spec_decode_summary(deltas),
+                              "server_version": _server_version(server)}
+            store.write_json(tdir / "load.json", {"summary": summary,
+                                                  "requests": [asdict(r) for r in result.records]})
+            store.write_json(tdir / "server_metrics.json", server_metrics)
+    except PortInUseError as exc:
+        return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
+                        failure_class=FailureClass.PORT_IN_USE.value, reason=str(exc))
+    except OSError as exc:
+        return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
+                        failure_class=FailureClass.CRASH.value, reason=f"could not start the server: {exc}")
+    if watch.tripped is not None:
+        reason = (f"server {watch.tripped.value.replace('_', ' ')}; "
+                  f"{summary.get('completed', 0)} requests completed, {summary.get('failed', 0)} failed; "
+                  f"log tail: {tail(server.log_path, 400).strip()[-300:]}")
+        return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
+                        failure_class=watch.tripped.value, reason=reason, summary=summary,
+                        server_metrics=server_metrics, ready_s=ready_s)
+    if result.stopped:
+        return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
+                        failure_class=FailureClass.INTERRUPTED.value, reason="tuner stopped during the load",
+                        summary=summary, ready_s=ready_s)
+    result_score = score(ctx.objective, summary)
+    reason = "; ".join(result_score.violations) or "met every SLO"
+    return _outcome(ctx, config, tdir, started, score_=result_score, ok=True,
+                    failure_class=None if result_score.feasible else FailureClass.SLO_VIOLATED.value,
+                    reason=reason, summary=summary, server_metrics=server_metrics, ready_s=ready_s)
