@@ -57,6 +57,8 @@ class Checkpoint(_Strict):
     default_draft_tokens: int = Field(default=0, ge=0)
     draft_kv_fraction: float = Field(default=0.0, ge=0, lt=1)
     """Extra KV per token the draft layers add, as a fraction of the target's."""
+    kv_bytes_per_token: int | None = Field(default=None, gt=0)
+    """Override of the DSV4 KV model's bytes per token at FP8 (for other models, e.g. the CPU demo)."""
     min_vllm: str | None = None
     notes: str = ""
 

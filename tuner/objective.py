@@ -7,6 +7,7 @@ Margins are relative (``(value - limit) / limit``) so constraints on different s
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,11 +79,14 @@ def constraint_names(objective: Objective) -> list[str]:
 def score(objective: Objective, summary: Mapping[str, float]) -> Score:
     """Objective value and SLO margins of one completed load run."""
     value = float(summary.get(objective.metric, 0.0))
+    if math.isnan(value):
+        value = failed_score(objective).value
     margins: list[float] = []
     violations: list[str] = []
     for key, limit in objective.slos.items():
         observed = float(summary.get(key, float("inf")))
-        margin = (observed - limit) / limit
+        # No sample (NaN) or no key (inf) cannot pass an SLO; Optuna refuses NaN, so use a finite margin.
+        margin = (observed - limit) / limit if math.isfinite(observed) else 1.0
         margins.append(margin)
         if margin > 0:
             violations.append(f"{key} {observed:.1f} > {limit:g}")

@@ -414,6 +414,15 @@ def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _baseline_value_ok(profile: HardwareProfile, key: str, domain: Lever, value: Scalar) -> bool:
+    if domain.contains(value):
+        return True
+    spec = profile.speculative
+    if key == DRAFT_TOKENS_PARAM and spec is not None:
+        return any(v.draft_tokens.contains(value) for v in spec.methods.values())
+    return False
+
+
 def profile_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
     """Every cross-field rule the profile breaks (empty = sound)."""
     out = _topology_problems(profile) + _generation_problems(profile)
@@ -435,7 +444,7 @@ def profile_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
                 out.append(ProfileRuleError(f"baselines[{i}].values.{key}",
                                             f"baseline {base.name!r} sets unknown lever {key!r}",
                                             f"use one of: {', '.join(profile.param_names())}"))
-            elif not domain.contains(value):
+            elif not _baseline_value_ok(profile, key, domain, value):
                 out.append(ProfileRuleError(f"baselines[{i}].values.{key}",
                                             f"baseline {base.name!r} sets {value!r}, outside the lever's domain",
                                             "add the value to the lever's choices or change the baseline"))
@@ -516,10 +525,34 @@ def _set_dotted(args: dict[str, Any], name: str, value: Any) -> None:
     _set_dotted(inner, rest, value)
 
 
+def capture_size_for(max_num_seqs: int, draft_tokens: int, limit: int) -> int:
+    """min(max_num_seqs·(1+k), limit), rounded down to a multiple of 1+k (at least 1+k)."""
+    query_len = 1 + max(0, draft_tokens)
+    size = min(max_num_seqs * query_len, limit)
+    return max(query_len, size - size % query_len)
+
+
+def _apply_cudagraph_rule(profile: HardwareProfile, args: dict[str, Any], draft: int) -> None:
+    rule = profile.cudagraph
+    if rule is None or args.get("enforce-eager") is True:
+        return
+    compilation = args.get("compilation-config")
+    mode = compilation.get("cudagraph_mode") if isinstance(compilation, dict) else None
+    if mode == "NONE" or "max-num-seqs" not in args:
+        return
+    _set_dotted(args, CAPTURE_OPTION, capture_size_for(int(args["max-num-seqs"]), draft, rule.limit))
+
+
 def build_config(profile: HardwareProfile, params: Mapping[str, Scalar]) -> ServeConfig:
     """Fixed flags + lever values → ServeConfig. Levers absent from ``params`` are left out."""
     args: dict[str, Any] = json.loads(json.dumps(profile.server.fixed))
     env = dict(profile.server.env)
+    if profile.topology is not None and TOPOLOGY_PARAM in params:
+        shape = parse_topology(str(params[TOPOLOGY_PARAM]))
+        args["tensor-parallel-size"] = shape.tp
+        args["data-parallel-size"] = shape.dp
+        if shape.ep:
+            args["enable-expert-parallel"] = True
     for name, lever in profile.levers.items():
         if name not in params:
             continue
@@ -528,18 +561,28 @@ def build_config(profile: HardwareProfile, params: Mapping[str, Scalar]) -> Serv
             env[lever.env] = str(value).lower() if isinstance(value, bool) else str(value)
         else:
             _set_dotted(args, name, value)
+        env.update(lever.env_for.get(str(value), {}))
     spec = profile.speculative
     draft = int(params.get(DRAFT_TOKENS_PARAM, 0)) if spec else 0
     if spec is not None and draft > 0:
         args[SPECULATIVE_OPTION] = {"method": spec.method, "num_speculative_tokens": draft, **spec.config}
+    _apply_cudagraph_rule(profile, args, draft)
     return ServeConfig(args=args, env=env, params=dict(params))
 
 
 def suggest(profile: HardwareProfile, source: ParamSource) -> ServeConfig:
-    """Draw one configuration from the profile's space (define-by-run, conditional levers)."""
+    """Draw one configuration from the profile's space (define-by-run, conditional levers).
+
+    The topology is drawn first, so ``when`` conditions may name ``topology.tp/dp/ep``; the draft
+    count last.
+    """
     chosen: dict[str, Scalar] = {}
+    context: dict[str, Scalar] = {}
+    if profile.topology is not None:
+        chosen[TOPOLOGY_PARAM] = source.suggest_categorical(TOPOLOGY_PARAM, list(profile.topology.choices))
+        context.update(parse_topology(str(chosen[TOPOLOGY_PARAM])).derived())
     for name, lever in profile.levers.items():
-        if _active(lever, chosen):
+        if _active(lever, {**chosen, **context}):
             chosen[name] = _suggest_one(source, name, lever)
     if profile.speculative is not None:
         chosen[DRAFT_TOKENS_PARAM] = _suggest_one(source, DRAFT_TOKENS_PARAM, profile.speculative.draft_tokens)
@@ -555,7 +598,7 @@ class FixedParams:
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
         return self.values.get(name, choices[0])
 
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
         return int(self.values.get(name, low))
 
     def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
@@ -563,10 +606,81 @@ class FixedParams:
         return float(self.values.get(name, low))
 
 
+class RandomParams:
+    """A seeded ParamSource drawing uniformly (for plans and tests; the study uses Optuna)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        import random
+
+        self.rng = random.Random(seed)
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        return choices[self.rng.randrange(len(choices))]
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
+        return low + step * self.rng.randrange((high - low) // step + 1)
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
+                      log: bool = False) -> float:
+        return self.rng.uniform(low, high)
+
+
 def load_profile(name_or_path: str) -> HardwareProfile:
+    """A hardware profile by catalog name or path; every problem is a CatalogError naming the key."""
     path = catalog.resolve("search_spaces", name_or_path)
-    profile = catalog.load_model(path, HardwareProfile)
+    data = catalog.read_yaml(path)
+    if not isinstance(data, dict):
+        raise CatalogError(path, "(top level)", f"expected a mapping of keys, got {type(data).__name__}",
+                           "start the file with the keys of a hardware profile (see search_spaces/cpu.yaml)")
+    try:
+        profile = HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        rule = _rule_error(exc)
+        if rule is not None:
+            raise CatalogError(path, rule.key, rule.problem, rule.fix) from exc
+        raise catalog.format_validation_error(path, exc, HardwareProfile) from exc
     if not Path(name_or_path).suffix and profile.name != name_or_path:
         raise CatalogError(path, "name", f"profile name {profile.name!r} differs from its file name",
                            f"set name: {name_or_path}")
     return profile
+
+
+def _rule_error(exc: ValidationError) -> ProfileRuleError | None:
+    for error in exc.errors():
+        found = (error.get("ctx") or {}).get("error")
+        if isinstance(found, ProfileRuleError):
+            return found
+    return None
+
+
+def bind_checkpoint(profile: HardwareProfile, checkpoint: Checkpoint) -> HardwareProfile:
+    """The profile as it serves ``checkpoint``: its repo and revision, and its own draft method.
+
+    The speculative section keeps only the variant for the method the checkpoint carries (DSpark for
+    0731, MTP for the preview and the W4A16-FP8-MTP quant); a checkpoint without a draft, or one whose
+    method the profile has no settings for, turns speculation off. Baselines meant for other
+    checkpoints are dropped.
+    """
+    fixed = dict(profile.server.fixed)
+    if checkpoint.revision:
+        fixed["revision"] = checkpoint.revision
+    server = profile.server.model_copy(update={"model": checkpoint.repo, "fixed": fixed,
+                                               "checkpoint": checkpoint.name})
+    spec: Speculative | None = None
+    if profile.speculative is not None and checkpoint.draft_method is not None:
+        variant = profile.speculative.variant(checkpoint.draft_method)
+        if variant is not None:
+            spec = Speculative(method=checkpoint.draft_method, draft_tokens=variant.draft_tokens,
+                               config=variant.config)
+    baselines: list[Baseline] = []
+    for base in profile.baselines:
+        if base.checkpoints is not None and checkpoint.name not in base.checkpoints:
+            continue
+        values = dict(base.values)
+        draft = values.get(DRAFT_TOKENS_PARAM)
+        if draft is not None and (spec is None or not spec.draft_tokens.contains(draft)):
+            values.pop(DRAFT_TOKENS_PARAM)
+            if spec is not None:
+                values[DRAFT_TOKENS_PARAM] = 0
+        baselines.append(base.model_copy(update={"values": values}))
+    return profile.model_copy(update={"server": server, "speculative": spec, "baselines": baselines})
