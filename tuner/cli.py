@@ -53,6 +53,17 @@ def parse_slos(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
+def parse_guards(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return []
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise UsageError("--guards is empty; give names such as tool_call,reasoning or 'none'")
+    return names
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -84,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override an SLO limit, e.g. --slo p95_ttft_ms=2000 (repeatable)")
     run.add_argument("--ready-timeout", type=float, help="seconds a launch may take to become ready")
     run.add_argument("--no-export", action="store_true", help="do not export the winner at the end")
+    run.add_argument("--guards", help="comma-separated guard names or YAML paths (default: the objective's); "
+                     "'none' for no gates")
     _add_runs_dir(run)
 
     resume = sub.add_parser("resume", help="continue a stopped study")
@@ -178,7 +191,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     budget_s = parse_duration(args.budget) if args.budget else None
     record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
                         vllm_cmd=args.vllm_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
-                        seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout)
+                        seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
+                        guards=parse_guards(args.guards))
     from tuner.engine import resolve_vllm_cmd
     from tuner.study import resolve_model
 

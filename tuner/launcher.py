@@ -180,7 +180,8 @@ class ServerProcess:
                 self.spec.argv, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=self.spec.workdir, start_new_session=True)
         record = {"pid": self.proc.pid, "pgid": self.proc.pid, "host": self.spec.host,
-                  "port": self.spec.port, "started_at": time.time(), "program": self.spec.argv[0]}
+                  "port": self.spec.port, "started_at": time.time(), "program": self.spec.argv[0],
+                  "node": socket.gethostname(), "tuner_pid": os.getpid()}
         self.pid_path.write_text(json.dumps(record))
 
     def exited(self) -> int | None:
@@ -261,12 +262,27 @@ def stop_orphans(root: Path) -> list[dict[str, object]]:
         except (OSError, ValueError, KeyError, TypeError):
             pid_file.unlink(missing_ok=True)
             continue
+        if record.get("node", socket.gethostname()) != socket.gethostname():
+            continue  # another node's server, in a shared runs dir: not ours to judge
+        owner = record.get("tuner_pid")
+        if isinstance(owner, int) and owner != os.getpid() and _pid_alive(owner):
+            continue  # its tuner is alive (another worker on this node): not an orphan
         if group_alive(pgid) and _group_runs(pgid, str(record.get("program", ""))):
             log.warning("stopping orphaned server pgid %d from %s", pgid, pid_file.parent)
             kill_group(pgid)
             stopped.append(record)
         pid_file.unlink(missing_ok=True)
     return stopped
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _group_runs(pgid: int, program: str) -> bool:

@@ -34,6 +34,8 @@ class Objective(BaseModel):
     """Upper limits on latency keys, e.g. ``p95_ttft_ms: 2000``."""
     max_failed_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     workload: Workload = Field(default_factory=Workload)
+    guards: list[str] = Field(default_factory=list)
+    """Correctness gates every trial must pass (names in ``guards/`` or YAML paths)."""
 
     @field_validator("metric")
     @classmethod

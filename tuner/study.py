@@ -24,10 +24,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner import store
+from tuner import catalog, store
 from tuner.engine import resolve_vllm_cmd
 from tuner.errors import StudyError, StudyLockedError, UsageError
 from tuner.failures import FailureClass
+from tuner.guard_api import GuardSuite, NoGuards
 from tuner.launcher import stop_orphans
 from tuner.objective import Objective, constraint_names, failed_score, load_objective
 from tuner.space import HardwareProfile, ServeConfig, load_profile, suggest
@@ -57,6 +58,11 @@ class StudyRecord(BaseModel):
     seed: int = 0
     slo_overrides: dict[str, float] = Field(default_factory=dict)
     ready_timeout_s: float | None = None
+    guards: list[str] | None = None
+    """Guard names or YAML paths; None = the objective's ``guards`` list."""
+    storage: str | None = None
+    """Optuna storage URL; None = SQLite in the study folder. Never holds a password on disk: see
+    :func:`storage_for_record`."""
     created_at: float = Field(default_factory=time.time)
 
 
@@ -85,10 +91,13 @@ def storage_url(study_path: Path) -> str:
 
 
 class StudyLock:
-    """One tuner per study: an exclusive, non-blocking flock on ``<study>/.lock``."""
+    """One tuner per study and node: an exclusive, non-blocking flock on ``<study>/.lock[.<slot>]``.
 
-    def __init__(self, study_path: Path) -> None:
-        self.path = study_path / ".lock"
+    Workers that share a study over RDB storage each take their own slot (``--worker-id``).
+    """
+
+    def __init__(self, study_path: Path, slot: str = "") -> None:
+        self.path = study_path / (f".lock.{slot}" if slot else ".lock")
         self._fd: int | None = None
 
     def __enter__(self) -> StudyLock:
@@ -202,11 +211,26 @@ class Study:
             return source
         return load_objective(str(snap))
 
+    def storage(self) -> str | optuna.storages.BaseStorage:
+        return self.record.storage or storage_url(self.path)
+
     def optuna_study(self) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         return optuna.create_study(
-            study_name=self.record.name, storage=storage_url(self.path), load_if_exists=True,
+            study_name=self.record.name, storage=self.storage(), load_if_exists=True,
             direction=self.objective.direction, sampler=make_sampler(self.record.seed))
+
+    def guard_names(self) -> list[str]:
+        return list(self.record.guards if self.record.guards is not None else self.objective.guards)
+
+    def guard_suite(self) -> GuardSuite:
+        names = self.guard_names()
+        if not names:
+            return NoGuards()
+        from tuner.guards import load_suite
+
+        suite: GuardSuite = load_suite(names)
+        return suite
 
     def context(self) -> TrialContext:
         model = resolve_model(self.record.model, self.runs_dir)
@@ -214,7 +238,7 @@ class Study:
             vllm_cmd=resolve_vllm_cmd(self.record.vllm_cmd), model=model, objective=self.objective,
             host=self.profile.server.host, port=self.record.port,
             ready_timeout_s=self.record.ready_timeout_s or self.profile.server.ready_timeout_s,
-            vocab_size=vocab_size_of(model),
+            vocab_size=vocab_size_of(model), guards=self.guard_suite(),
             served_model_name=Path(model).name if Path(model).exists() else model)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -418,14 +442,17 @@ def trials_frame(study: optuna.Study) -> Any:
 
 def new_record(*, name: str | None, hw: str, objective: str, model: str | None, vllm_cmd: str,
                port: int | None, trials: int | None, budget_s: float | None, seed: int,
-               slo_overrides: dict[str, float], ready_timeout_s: float | None) -> StudyRecord:
+               slo_overrides: dict[str, float], ready_timeout_s: float | None,
+               guards: list[str] | None = None, storage: str | None = None) -> StudyRecord:
     profile = load_profile(hw)
-    load_objective(objective)
+    loaded_objective = load_objective(objective)
+    for guard in guards if guards is not None else loaded_objective.guards:
+        catalog.resolve("guards", guard)
     chosen_model = model or profile.server.model
     if not chosen_model:
         raise UsageError(f"profile {profile.name!r} names no default model. Fix: pass --model PATH_OR_ID")
     study_name = name or f"{profile.name}-{Path(objective).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     return StudyRecord(name=study_name, hw=hw, objective=objective, model=chosen_model, vllm_cmd=vllm_cmd,
                        port=port, trials=trials, budget_s=budget_s, seed=seed, slo_overrides=slo_overrides,
-                       ready_timeout_s=ready_timeout_s)
+                       ready_timeout_s=ready_timeout_s, guards=guards, storage=storage)
 

@@ -23,20 +23,13 @@ from tuner import metrics, store
 from tuner.engine import VllmEngine, redact_argv
 from tuner.errors import LaunchError, PortInUseError
 from tuner.failures import FailureClass
+from tuner.guard_api import GuardSuite, GuardTarget, NoGuards
+from tuner.ladder import measure
 from tuner.launcher import LaunchSpec, ServerProcess, choose_port, tail
-from tuner.loadgen import run_load_sync
 from tuner.objective import Objective, Score, failed_score, score
 from tuner.space import ServeConfig
 
 log = logging.getLogger(__name__)
-
-SERVER_COUNTERS = (
-    "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:num_preemptions",
-    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
-    "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens",
-)
-
 
 @dataclass(frozen=True)
 class TrialContext:
@@ -51,6 +44,7 @@ class TrialContext:
     vocab_size: int = 32000
     served_model_name: str = "model"
     engine: VllmEngine = field(default_factory=VllmEngine)
+    guards: GuardSuite = field(default_factory=NoGuards)
     health_poll_s: float = 2.0
 
 
@@ -168,21 +162,28 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                                 failure_class=exc.failure_class, reason=str(exc))
             log.info("server ready in %.1f s", ready_s)
+            phase("guards")
+            guard_report = ctx.guards.run(GuardTarget(
+                base_url=server.base_url, headers=server.headers, model=ctx.served_model_name, trial_dir=tdir,
+                study_dir=tdir.parent.parent, params=config.params, args=config.args,
+                is_speculative=config.is_speculative,
+                control_key=config.control().key() if config.is_speculative else None))
+            store.write_json(tdir / "guards.json", guard_report.to_json())
+            if not guard_report.passed:
+                return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
+                                failure_class=FailureClass.GUARD_FAILED.value, reason=guard_report.reason,
+                                ready_s=ready_s)
             phase("load")
-            before = _scrape(server)
             with _HealthWatch(server, ctx.health_poll_s) as watch:
                 def stop_load() -> bool:
                     return watch.tripped is not None or bool(should_stop and should_stop())
 
-                result = run_load_sync(server.base_url, ctx.served_model_name, ctx.objective.workload,
-                                       vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load)
-            summary = metrics.summarize(result)
-            after = _scrape(server) if watch.tripped is None else {}
-            deltas = metrics.counter_deltas(before, after, SERVER_COUNTERS) if after else {}
-            server_metrics = {"counters": deltas, "spec_decode": metrics.spec_decode_summary(deltas),
-                              "server_version": _server_version(server)}
-            store.write_json(tdir / "load.json", {"summary": summary,
-                                                  "requests": [asdict(r) for r in result.records]})
+                measurement = measure(server.base_url, ctx.served_model_name, ctx.objective,
+                                      vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
+                                      scrape=lambda: _scrape(server))
+            summary = dict(measurement.summary)
+            server_metrics = {**measurement.server, "server_version": _server_version(server)}
+            store.write_json(tdir / "load.json", measurement.to_json())
             store.write_json(tdir / "server_metrics.json", server_metrics)
     except PortInUseError as exc:
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
@@ -197,7 +198,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=watch.tripped.value, reason=reason, summary=summary,
                         server_metrics=server_metrics, ready_s=ready_s)
-    if result.stopped:
+    if measurement.stopped:
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=FailureClass.INTERRUPTED.value, reason="tuner stopped during the load",
                         summary=summary, ready_s=ready_s)

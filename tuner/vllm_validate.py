@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
         def exit(self, status: int = 0, message: str | None = None) -> typing.NoReturn:  # type: ignore[override]
             raise _ParseError(message or f"parser exited with status {status}")
 
-    parser: argparse.ArgumentParser = make_arg_parser(RaisingParser(description="dsv4-tune validation"))
+    raising = RaisingParser(description="dsv4-tune validation")  # type: ignore[no-untyped-call]
+    parser: argparse.ArgumentParser = make_arg_parser(raising)
     return parser
 
 

@@ -1,0 +1,146 @@
+"""tuner/cli.py main([...]) in-process: durations, argument errors, exit codes, messages."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner import catalog
+from tuner.cli import main, parse_duration, parse_slos
+from tuner.errors import UsageError
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("8h", 28800.0), ("90m", 5400.0), ("1h30m", 5400.0),
+                                               ("45s", 45.0), ("600", 600.0), ("1.5h", 5400.0),
+                                               ("2m30s", 150.0), (" 10m ", 600.0)])
+def test_parse_duration_ok(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "", "abc", "-5m", "0h0m", "   ", "5 m", "m", "h30", "1d"])
+def test_parse_duration_rejected(text: str) -> None:
+    with pytest.raises(UsageError, match="--budget"):
+        parse_duration(text)
+
+
+def test_parse_slos() -> None:
+    assert parse_slos(["p95_ttft_ms=2000", " p99_itl_ms = 50.5"]) == {"p95_ttft_ms": 2000.0, "p99_itl_ms": 50.5}
+    with pytest.raises(UsageError, match="KEY=MILLISECONDS"):
+        parse_slos(["p95_ttft_ms"])
+    with pytest.raises(UsageError):
+        parse_slos(["p95_ttft_ms=fast"])
+
+
+@pytest.mark.parametrize("trials", ["0", "-1", "two"])
+def test_non_positive_trials_is_argparse_error(trials: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--hw", "cpu", "--trials", trials])
+    assert info.value.code == 2
+    assert "--trials" in capsys.readouterr().err
+
+
+def test_trials_zero_through_default_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--hw", "cpu", "--trials", "0"])
+    assert info.value.code == 2
+    assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_unknown_hw_returns_2_and_lists_known(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["run", "--hw", "nope", "--trials", "1", "--runs-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "'nope'" in out
+    for name in catalog.known_names("search_spaces"):
+        assert name in out
+    assert not any(tmp_path.iterdir())  # nothing created
+
+
+def test_default_command_is_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    explicit = main(["run", "--hw", "nope", "--runs-dir", str(tmp_path)])
+    explicit_out = capsys.readouterr().out
+    implicit = main(["--hw", "nope", "--runs-dir", str(tmp_path)])
+    implicit_out = capsys.readouterr().out
+    verbose = main(["-v", "--hw", "nope", "--runs-dir", str(tmp_path)])
+    verbose_out = capsys.readouterr().out
+    assert explicit == implicit == verbose == 2
+    assert "unknown hardware profile 'nope'" in explicit_out
+    assert explicit_out == implicit_out == verbose_out
+
+
+def test_no_arguments_prints_help_and_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage: dsv4-tune" in capsys.readouterr().out
+
+
+def test_list_prints_profiles_and_objectives(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["list", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\bcpu\b", out)
+    assert re.search(r"\bthroughput\b", out)
+    assert "invalid" not in out  # every shipped catalog entry loads
+    assert "(none)" in out
+
+
+def test_resume_missing_study(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["resume", "nosuch", "--runs-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "no study 'nosuch'" in out
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: study.Study.open's fix hint suggests `dsv4-tune list --studies`, "
+                                       "but `list` has no --studies option (argparse exits 2)")
+def test_resume_missing_study_hint_is_a_working_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    main(["resume", "nosuch", "--runs-dir", str(tmp_path)])
+    out = " ".join(capsys.readouterr().out.split())  # undo rich's line wrapping
+    hint = re.search(r"`dsv4-tune ([^`]+)`", out)
+    assert hint is not None
+    assert main(shlex.split(hint.group(1))) == 0
+
+
+def test_missing_vllm_program_returns_2_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["--hw", "cpu", "--trials", "1", "--vllm-cmd", "/no/such/vllm", "--runs-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "/no/such/vllm" in out
+    assert not (tmp_path / "_models").exists()  # failed before building the demo model
+
+
+def test_missing_model_path_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = main(["--hw", "cpu", "--trials", "1", "--model", "./missing", "--vllm-cmd", sys.executable,
+                 "--runs-dir", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "'./missing'" in out and "no such file or directory" in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_no_stop_condition_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["--hw", "cpu", "--model", str(tmp_path), "--vllm-cmd", sys.executable,
+                 "--runs-dir", str(tmp_path / "runs")])
+    assert code == 2
+    assert "--trials" in capsys.readouterr().out
+
+
+def test_bad_budget_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["--hw", "cpu", "--budget", "soon", "--runs-dir", str(tmp_path)])
+    assert code == 2
+    assert "--budget 'soon'" in capsys.readouterr().out
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a --slo key without a unit (ttft=5) is only validated in "
+                                       "Study.__init__ (Objective.with_slos), after study.json is written; the "
+                                       "pydantic ValidationError is no TunerError and escapes main() as a traceback")
+def test_slo_override_without_unit_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    code = main(["--hw", "cpu", "--trials", "1", "--slo", "ttft=5", "--model", str(tmp_path),
+                 "--vllm-cmd", "false", "--study", "s", "--runs-dir", str(runs), "--no-export"])
+    assert code == 2
+    assert "ttft" in capsys.readouterr().out
+    assert not (runs / "s" / "study.json").exists()

@@ -1,0 +1,53 @@
+"""dsv4-tune plan: works for every profile, counts the space, and budgets trials."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.plan import build_plan, format_plan, space_size
+from tuner.space import load_profile
+
+PROFILES = ["cpu", "h100x8", "h200x8", "gh200x4", "b200x8", "gb300x4", "rtxpro6000x8", "mi325x1"]
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_plan_for_every_profile(name: str) -> None:
+    plan = build_plan(name, None, 8 * 3600, None, samples=100)
+    text = format_plan(plan)
+    assert f"# Plan: {name}" in text
+    assert "## KV capacity by topology" in text and "## Baseline trials" in text
+    assert plan.space_size is not None and plan.space_size > 1
+    assert 0.0 < plan.feasible_share <= 1.0
+    assert plan.trials_in_budget == int(8 * 3600 // plan.per_trial_s)
+    assert all(b.ok for b in plan.baselines), [b.reason for b in plan.baselines if not b.ok]
+
+
+def test_plan_with_objective_and_checkpoint() -> None:
+    plan = build_plan("gh200x4", "throughput", None, "preview", samples=50)
+    assert plan.checkpoint == "preview" and plan.objective == "throughput"
+    assert plan.trials_in_budget is None
+    assert "mtp" in plan.draft
+    assert "pass --budget" in format_plan(plan)
+
+
+def test_plan_topology_table_shows_dp_ep_beats_tp_on_gh200() -> None:
+    rows = {r.topology: r for r in build_plan("gh200x4", None, None, "preview", samples=10).topologies}
+    assert rows["dp4-ep"].max_concurrency > 2 * rows["tp4"].max_concurrency
+    assert rows["tp4"].kv_tokens_total == rows["tp4"].kv_tokens_per_rank
+
+
+def test_space_size_honours_conditions() -> None:
+    profile = load_profile("cpu")
+    assert space_size(profile) == 5 * 4 * 3 * 2 * 2 * 2 * 3
+    h200 = load_profile("h200x8")
+    size = space_size(h200)
+    assert size is not None
+    no_ep, ep = 3, 4  # tp8, tp4-dp2, tp2-dp4 vs the EP shapes
+    rest = 4 * 3 * 4 * 3 * 3 * 2 * 4
+    assert size == no_ep * rest + ep * rest * 3 * 2
+
+
+def test_plan_is_deterministic() -> None:
+    a = build_plan("b200x8", None, 3600, None, samples=60, seed=3)
+    b = build_plan("b200x8", None, 3600, None, samples=60, seed=3)
+    assert a == b
