@@ -84,7 +84,7 @@ def format_validation_error(path: Path | str, exc: ValidationError, model: type[
     kind = first["type"]
     if kind == "extra_forbidden":
         parent = _model_at(model, first["loc"][:-1])
-        allowed = sorted(parent.model_fields) if parent is not None else []
+        allowed = _allowed_keys(parent) if parent is not None else []
         close = difflib.get_close_matches(str(first["loc"][-1]), allowed, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         problem = "unknown key"
@@ -100,18 +100,34 @@ def format_validation_error(path: Path | str, exc: ValidationError, model: type[
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model at a validation-error location (list indexes and dict keys skipped)."""
     current: Any = model
+    skip_key = False
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or skip_key:
+            skip_key = False
             continue
-        fields = getattr(current, "model_fields", None)
-        if fields is None or part not in fields:
+        fields: dict[str, Any] | None = getattr(current, "model_fields", None)
+        name = _field_for_alias(fields, part) if fields is not None else None
+        if fields is None or name is None:
             return None
-        annotation = fields[part].annotation
+        annotation = fields[name].annotation
+        skip_key = getattr(annotation, "__origin__", None) is dict
         current = _first_model_in(annotation)
         if current is None:
             return None
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _field_for_alias(fields: dict[str, Any], part: Any) -> str | None:
+    for name, info in fields.items():
+        if part in (name, info.alias):
+            return name
+    return None
+
+
+def _allowed_keys(model: type[BaseModel]) -> list[str]:
+    return sorted(info.alias or name for name, info in model.model_fields.items())
 
 
 def _first_model_in(annotation: Any) -> type[BaseModel] | None:

@@ -19,6 +19,10 @@ from typing import Any
 from tuner.errors import UsageError
 
 DEFAULT_VLLM_CMD = "vllm"
+# vLLM 0.32 store_true flags with no ``--no-`` form: a false value means "leave the flag out", as
+# vLLM's own --config loader does (it emits --no-KEY only where the parser defines it).
+TRUE_ONLY_FLAGS = frozenset({"disable-log-stats", "headless", "grpc", "aggregate-engine-logging",
+                             "data-parallel-multi-port-external-lb"})
 
 
 def resolve_vllm_cmd(vllm_cmd: str) -> list[str]:
@@ -53,7 +57,7 @@ def options_to_argv(options: Mapping[str, Any], *, negatable: frozenset[str] | N
         if isinstance(value, bool):
             if value:
                 argv.append(flag)
-            elif negatable is None or key in negatable:
+            elif (key in negatable) if negatable is not None else (key not in TRUE_ONLY_FLAGS):
                 argv.append(f"--no-{key}")
         elif isinstance(value, list):
             if value:

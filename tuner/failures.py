@@ -36,7 +36,7 @@ _PATTERNS: list[tuple[FailureClass, re.Pattern[str]]] = [
     (FailureClass.BAD_FLAG, re.compile(
         r"error: (?:argument|unrecognized arguments|the following arguments)|invalid choice|"
         r"ValidationError|validation error|ValueError|TypeError: .*argument|NotImplementedError|"
-        r"is not supported|unsupported", re.I)),
+        r"^\S*(?:Error|Exception): .*(?:is not supported|unsupported)", re.I)),
 ]
 
 

@@ -1,12 +1,14 @@
 """Drive a server with a :class:`~tuner.workload.Workload` and time every request.
 
-Requests are streamed ``POST {base_url}/v1/completions`` calls with token-id prompts, timed the way
-``vllm bench serve`` (``async_request_openai_completions``) times them:
+Requests are streamed ``POST {base_url}/v1/completions`` calls with token-id prompts (kinds
+``random`` and ``shared_prefix``) or ``/v1/chat/completions`` calls of agent sessions (kind
+``agent``), timed the way ``vllm bench serve`` (``async_request_openai_completions`` /
+``..._chat_completions``) times them:
 
 - ``start_s``: when the request was sent, after waiting for a concurrency slot; seconds since the
   measured window began.
-- ``ttft_s``: from send to the first streamed chunk that carries non-empty text (when no chunk
-  carries text, the first chunk that carries a choice).
+- ``ttft_s``: from send to the first streamed chunk that carries non-empty text (chat: content,
+  reasoning or a tool call; when no chunk carries any, the first chunk that carries a choice).
 - ``itl_s``: every gap between consecutive choice chunks from that first one on.
 - ``e2e_s``: from send to the last choice chunk.
 - ``output_tokens`` and ``prompt_tokens``: from the final ``usage`` chunk
@@ -16,11 +18,19 @@ Requests are streamed ``POST {base_url}/v1/completions`` calls with token-id pro
 A request that fails (HTTP error, timeout, dropped connection, a stream that ends before
 ``data: [DONE]``, an error object inside the stream, no token at all) becomes a record with
 ``ok=False`` and its reason; it is never dropped and never raises out of :func:`run_load`.
+
+Transport: aiohttp when it is installed (measured ~5x more streamed events per second per process
+than httpx on the same stand-in; ``docs/loadgen.md``), httpx otherwise or when a ``transport`` is
+given (tests use ``httpx.MockTransport``). The client watches itself: event-loop lag and the
+process's CPU share during the window go into :class:`ClientStats`, and ``saturated`` says when the
+client, not the server, may have been the limit. :mod:`tuner.loadgen_pool` spreads one window over
+several processes when one is not enough.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -28,16 +38,20 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import httpx
 
+from tuner.agent_workload import AgentSession, AgentTurnReply, merge_tool_call_deltas, session_count
 from tuner.errors import LoadError
-from tuner.workload import PromptSpec, Workload, make_prompts, make_warmup_prompts
+from tuner.workload import PromptSpec, Workload, arrival_gaps_s, make_warmup_prompts, prompt_at
 
-__all__ = ["LoadResult", "RequestRecord", "run_load", "run_load_sync"]
+__all__ = ["Backend", "ClientStats", "LoadResult", "RequestRecord", "WindowPlan", "available_backend",
+           "run_load", "run_load_sync", "run_window"]
 
 logger = logging.getLogger(__name__)
+
+Backend = Literal["auto", "aiohttp", "httpx"]
 
 # How often a waiting run looks at ``should_stop``.
 _POLL_S = 0.1
@@ -47,6 +61,12 @@ _WRITE_TIMEOUT_S = 30.0
 # Arrival times come from their own stream, so pacing does not change the prompts.
 _ARRIVAL_SEED_OFFSET = 7_919
 _ERROR_BODY_CHARS = 300
+# The client watches its own event loop: a tick every _LAG_TICK_S; late ticks are lag.
+_LAG_TICK_S = 0.05
+# Saturation: the client process was busy this share of the window, or its loop lagged this much
+# while busy at least half the time (lag alone can be another process taking the core).
+SATURATED_CPU_SHARE = 0.9
+SATURATED_LAG_P99_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,6 +81,28 @@ class RequestRecord:
     ttft_s: float | None  # None when no token arrived
     itl_s: tuple[float, ...]
     e2e_s: float  # to the last token when ok; to the failure otherwise
+    job: int = 0  # prompt number (agent: session number)
+    turn: int = 0  # agent: request number inside its session
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    """How hard the load generator itself worked during a window (per process, then combined)."""
+
+    processes: int
+    backend: str
+    cpu_share: float  # busiest process: CPU seconds / wall seconds
+    loop_lag_p99_ms: float
+    loop_lag_max_ms: float
+    events: int  # streamed chunks handled
+    events_per_s: float
+    saturated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"client_processes": self.processes, "client_backend": self.backend,
+                "client_cpu_share": self.cpu_share, "client_loop_lag_p99_ms": self.loop_lag_p99_ms,
+                "client_loop_lag_max_ms": self.loop_lag_max_ms, "client_events": self.events,
+                "client_events_per_s": self.events_per_s, "client_saturated": self.saturated}
 
 
 @dataclass(frozen=True)
@@ -72,6 +114,18 @@ class LoadResult:
     concurrency: int
     request_rate: float | None
     stopped: bool = False  # ``should_stop`` cut the window short: prompts may be missing
+    client: ClientStats | None = None
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """One measured window: which jobs (prompts or sessions) to send, how many at once, how fast."""
+
+    first_job: int
+    jobs: int
+    concurrency: int
+    request_rate: float | None
+    warmup: bool = False
 
 
 class _RequestFailed(Exception):
@@ -82,15 +136,21 @@ class _RequestFailed(Exception):
 class _Stream:
     """What one request has seen so far; survives a timeout or a cancellation."""
 
+    chat: bool = False
     start_t: float = 0.0
     chunk_t: list[float] = field(default_factory=list)  # arrival of each chunk with a choice
     first_text_index: int | None = None
     usage_prompt_tokens: int | None = None
     usage_output_tokens: int | None = None
     done: bool = False
+    keep_text: bool = False  # agent sessions need the answer for their next turn
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-def _record(stream: _Stream, prompt: PromptSpec, window_t0: float, error: str) -> RequestRecord:
+def _record(stream: _Stream, prompt_tokens_sent: int, window_t0: float, error: str,
+            job: int, turn: int) -> RequestRecord:
     ended_t = time.perf_counter()
     ok = not error
     if ok and not stream.chunk_t:
@@ -103,9 +163,10 @@ def _record(stream: _Stream, prompt: PromptSpec, window_t0: float, error: str) -
     output_tokens = (stream.usage_output_tokens if stream.usage_output_tokens is not None
                      else len(stream.chunk_t))
     prompt_tokens = (stream.usage_prompt_tokens if stream.usage_prompt_tokens is not None
-                     else len(prompt.token_ids))
+                     else prompt_tokens_sent)
     return RequestRecord(ok=ok, error=error, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                         start_s=stream.start_t - window_t0, ttft_s=ttft_s, itl_s=itl_s, e2e_s=e2e_s)
+                         start_s=stream.start_t - window_t0, ttft_s=ttft_s, itl_s=itl_s, e2e_s=e2e_s,
+                         job=job, turn=turn)
 
 
 def _as_int(value: Any) -> int | None:
@@ -126,8 +187,23 @@ def _take_event(payload: str, stream: _Stream) -> None:
     if isinstance(choices, list) and choices:
         now = time.perf_counter()
         first_choice = choices[0] if isinstance(choices[0], dict) else {}
-        text = first_choice.get("text")
-        if stream.first_text_index is None and isinstance(text, str) and text:
+        if stream.chat:
+            delta = first_choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            text = delta.get("content")
+            reasoning = delta.get("reasoning_content", delta.get("reasoning"))
+            calls = delta.get("tool_calls")
+            has_token = bool(text) or bool(reasoning) or bool(calls)
+            if stream.keep_text:
+                if isinstance(text, str):
+                    stream.content.append(text)
+                if isinstance(reasoning, str):
+                    stream.reasoning.append(reasoning)
+                merge_tool_call_deltas(stream.tool_calls, calls)
+        else:
+            text = first_choice.get("text")
+            has_token = isinstance(text, str) and bool(text)
+        if stream.first_text_index is None and has_token:
             stream.first_text_index = len(stream.chunk_t)
         stream.chunk_t.append(now)
     usage = data.get("usage")
@@ -140,69 +216,191 @@ def _take_event(payload: str, stream: _Stream) -> None:
             stream.usage_prompt_tokens = prompt
 
 
-async def _stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                             headers: dict[str, str], stream: _Stream) -> None:
-    async with client.stream("POST", url, json=body, headers=headers) as response:
-        if response.status_code != httpx.codes.OK:
-            detail = (await response.aread()).decode("utf-8", "replace").strip()
-            raise _RequestFailed(f"HTTP {response.status_code}: {detail[:_ERROR_BODY_CHARS]}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue  # blank separators, ":" comments / pings, other SSE fields
-            payload = line[len("data:"):].strip()
-            if payload == "[DONE]":
-                # Read on to the end of the body (vLLM ends it right away) so the connection
-                # goes back to the pool instead of being closed half-read.
-                stream.done = True
-            elif payload and not stream.done:
-                _take_event(payload, stream)
-    if not stream.done:
-        raise _RequestFailed("the stream ended before data: [DONE] (truncated response)")
+def _take_line(line: str, stream: _Stream) -> None:
+    if not line.startswith("data:"):
+        return  # blank separators, ":" comments / pings, other SSE fields
+    payload = line[len("data:"):].strip()
+    if payload == "[DONE]":
+        # Read on to the end of the body (vLLM ends it right away) so the connection goes back
+        # to the pool instead of being closed half-read.
+        stream.done = True
+    elif payload and not stream.done:
+        _take_event(payload, stream)
 
 
-async def _request(client: httpx.AsyncClient, url: str, model: str, prompt: PromptSpec,
-                   workload: Workload, headers: dict[str, str], timeout_s: float,
-                   stream: _Stream) -> str:
-    """Send one prompt; return "" on success or the reason it failed."""
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": list(prompt.token_ids),
-        "max_tokens": prompt.output_len,
-        "ignore_eos": workload.ignore_eos,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    stream.start_t = time.perf_counter()
+# --- transports -----------------------------------------------------------------------------------
+
+
+class _Transport(Protocol):
+    async def stream(self, url: str, body: bytes, headers: dict[str, str], stream: _Stream) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxTransport:
+    def __init__(self, concurrency: int, timeout_s: float, transport: httpx.AsyncBaseTransport | None) -> None:
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=min(_CONNECT_TIMEOUT_S, timeout_s), read=timeout_s,
+                                  write=min(_WRITE_TIMEOUT_S, timeout_s), pool=timeout_s),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+            transport=transport,
+            trust_env=False,  # a proxy from the environment would sit inside every measured latency
+        )
+
+    async def stream(self, url: str, body: bytes, headers: dict[str, str], stream: _Stream) -> None:
+        async with self.client.stream("POST", url, content=body,
+                                      headers={**headers, "content-type": "application/json"}) as response:
+            if response.status_code != httpx.codes.OK:
+                detail = (await response.aread()).decode("utf-8", "replace").strip()
+                raise _RequestFailed(f"HTTP {response.status_code}: {detail[:_ERROR_BODY_CHARS]}")
+            async for line in response.aiter_lines():
+                _take_line(line, stream)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class _AiohttpTransport:
+    def __init__(self, concurrency: int, timeout_s: float) -> None:
+        import aiohttp
+
+        self._aiohttp = aiohttp
+        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False,
+                                         enable_cleanup_closed=True)
+        self.session = aiohttp.ClientSession(
+            connector=connector, trust_env=False, read_bufsize=2**18,
+            timeout=aiohttp.ClientTimeout(total=None, connect=min(_CONNECT_TIMEOUT_S, timeout_s),
+                                          sock_read=timeout_s))
+
+    async def stream(self, url: str, body: bytes, headers: dict[str, str], stream: _Stream) -> None:
+        async with self.session.post(url, data=body,
+                                     headers={**headers, "content-type": "application/json"}) as response:
+            if response.status != 200:
+                detail = (await response.read()).decode("utf-8", "replace").strip()
+                raise _RequestFailed(f"HTTP {response.status}: {detail[:_ERROR_BODY_CHARS]}")
+            pending = b""
+            async for chunk in response.content.iter_any():
+                pending += chunk
+                if b"\n" not in chunk:
+                    continue
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    if raw:
+                        _take_line(raw.decode("utf-8", "replace"), stream)
+            if pending:
+                _take_line(pending.decode("utf-8", "replace"), stream)
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+def available_backend(requested: Backend = "auto") -> Literal["aiohttp", "httpx"]:
+    """The transport a run will use: ``auto`` is aiohttp when importable, else httpx."""
+    if requested != "auto":
+        return requested
     try:
-        await asyncio.wait_for(_stream_completion(client, url, body, headers, stream), timeout_s)
-    except _RequestFailed as exc:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        return "httpx"
+    return "aiohttp"
+
+
+def _transport(backend: Backend, concurrency: int, timeout_s: float,
+               transport: httpx.AsyncBaseTransport | None) -> tuple[_Transport, str]:
+    chosen = "httpx" if transport is not None else available_backend(backend)
+    if chosen == "aiohttp":
+        return _AiohttpTransport(concurrency, timeout_s), "aiohttp"
+    return _HttpxTransport(concurrency, timeout_s, transport), "httpx"
+
+
+def _failure_text(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, _RequestFailed):
         return str(exc)
-    except asyncio.TimeoutError:
+    if isinstance(exc, asyncio.TimeoutError):
         return f"timeout: no complete response within {timeout_s:g} s"
-    except httpx.TimeoutException as exc:
+    if isinstance(exc, httpx.TimeoutException):
         return f"timeout ({type(exc).__name__}): {exc}"
-    except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception as exc:  # a load run records every failure, whatever raised it
-        logger.debug("unexpected error in a request to %s", url, exc_info=True)
-        return f"unexpected {type(exc).__name__}: {exc}"
-    return ""
+    name = type(exc).__name__
+    if "Timeout" in name:
+        return f"timeout ({name}): {exc}"
+    return f"{name}: {exc}"
+
+
+# --- self-watch -----------------------------------------------------------------------------------
+
+
+class _SelfWatch:
+    """Event-loop lag and CPU share of this process over a window."""
+
+    def __init__(self) -> None:
+        self.lags_s: list[float] = []
+        self.events = 0
+        self._task: asyncio.Task[None] | None = None
+        self._wall0 = self._cpu0 = 0.0
+        self.wall_s = self.cpu_s = 0.0
+
+    async def _tick(self) -> None:
+        while True:
+            planned = time.perf_counter() + _LAG_TICK_S
+            await asyncio.sleep(_LAG_TICK_S)
+            self.lags_s.append(max(0.0, time.perf_counter() - planned))
+
+    def start(self) -> None:
+        self._wall0, self._cpu0 = time.perf_counter(), time.process_time()
+        self._task = asyncio.create_task(self._tick())
+
+    async def stop(self) -> None:
+        self.wall_s = time.perf_counter() - self._wall0
+        self.cpu_s = time.process_time() - self._cpu0
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def stats(self, backend: str) -> ClientStats:
+        return combine_client_stats([self.raw()], backend)
+
+    def raw(self) -> dict[str, Any]:
+        return {"lags_s": self.lags_s, "cpu_s": self.cpu_s, "wall_s": self.wall_s, "events": self.events}
+
+
+def combine_client_stats(raws: Sequence[dict[str, Any]], backend: str) -> ClientStats:
+    """One :class:`ClientStats` from the per-process figures of :meth:`_SelfWatch.raw`."""
+    lags = sorted(lag for raw in raws for lag in raw["lags_s"])
+    p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else 0.0
+    lag_max = lags[-1] if lags else 0.0
+    shares = [raw["cpu_s"] / raw["wall_s"] for raw in raws if raw["wall_s"] > 0]
+    cpu_share = max(shares, default=0.0)
+    events = sum(int(raw["events"]) for raw in raws)
+    wall = max((raw["wall_s"] for raw in raws), default=0.0)
+    saturated = cpu_share >= SATURATED_CPU_SHARE or (p99 >= SATURATED_LAG_P99_S and cpu_share >= 0.5)
+    return ClientStats(processes=len(raws), backend=backend, cpu_share=cpu_share, loop_lag_p99_ms=p99 * 1e3,
+                       loop_lag_max_ms=lag_max * 1e3, events=events,
+                       events_per_s=events / wall if wall > 0 else 0.0, saturated=saturated)
+
+
+# --- one window -----------------------------------------------------------------------------------
 
 
 @dataclass
 class _Window:
-    """One batch of prompts sent under a concurrency cap, optionally Poisson-paced."""
+    """One batch of jobs sent under a concurrency cap, optionally paced."""
 
-    client: httpx.AsyncClient
-    url: str
+    transport: _Transport
+    base_url: str
     model: str
     workload: Workload
+    vocab_size: int
     headers: dict[str, str]
     timeout_s: float
     should_stop: Callable[[], bool] | None
+    take: Callable[[], int | None]
+    on_record: Callable[[RequestRecord], None] | None = None
+    warmup: bool = False
+    watch: _SelfWatch = field(default_factory=_SelfWatch)
     stopped: bool = False
-    records: dict[int, RequestRecord] = field(default_factory=dict)
+    records: dict[tuple[int, int], RequestRecord] = field(default_factory=dict)
+    window_t0: float = 0.0
 
     def stopping(self) -> bool:
         if not self.stopped and self.should_stop is not None and self.should_stop():
@@ -210,20 +408,64 @@ class _Window:
             self.stopped = True
         return self.stopped
 
-    async def _one(self, index: int, prompt: PromptSpec, slots: asyncio.Semaphore,
-                   window_t0: float) -> None:
-        async with slots:
-            if self.stopping():
+    def _keep(self, record: RequestRecord) -> None:
+        self.records[(record.job, record.turn)] = record
+        if self.on_record is not None:
+            self.on_record(record)
+
+    async def _request(self, url: str, body: dict[str, Any], prompt_tokens: int, job: int, turn: int,
+                       chat: bool) -> _Stream | None:
+        stream = _Stream(chat=chat, keep_text=chat)
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        stream.start_t = time.perf_counter()
+        error = ""
+        try:
+            await asyncio.wait_for(self.transport.stream(url, payload, self.headers, stream), self.timeout_s)
+            if not stream.done:
+                error = "the stream ended before data: [DONE] (truncated response)"
+        except asyncio.CancelledError:
+            self._keep(_record(stream, prompt_tokens, self.window_t0,
+                               "stopped: the run was asked to stop mid-request", job, turn))
+            raise
+        except Exception as exc:  # a load run records every failure, whatever raised it
+            if not isinstance(exc, (_RequestFailed, asyncio.TimeoutError, httpx.HTTPError)):
+                logger.debug("error in a request to %s", url, exc_info=True)
+            error = _failure_text(exc, self.timeout_s)
+        self.watch.events += len(stream.chunk_t)
+        record = _record(stream, prompt_tokens, self.window_t0, error, job, turn)
+        self._keep(record)
+        return stream if record.ok else None
+
+    async def _job(self, index: int) -> None:
+        base = self.base_url
+        if self.workload.kind == "agent":
+            session = AgentSession.create(self.workload, index, self.model, warmup=self.warmup)
+            turns = 1 if self.warmup else self.workload.agent_spec.turns
+            for turn in range(turns):
+                if turn and self.stopping():
+                    return
+                body = session.body()
+                stream = await self._request(f"{base}/v1/chat/completions", body,
+                                             len(json.dumps(body["messages"])) // 4, index, turn, chat=True)
+                if stream is None:
+                    return  # a session whose turn failed ends: its next prompt would be made up
+                session.add_reply(AgentTurnReply(content="".join(stream.content),
+                                                 reasoning="".join(stream.reasoning),
+                                                 tool_calls=tuple(stream.tool_calls[k]
+                                                                  for k in sorted(stream.tool_calls))), turn)
+            return
+        prompt: PromptSpec = prompt_at(self.workload, self.vocab_size, index, warmup=self.warmup)
+        body = {"model": self.model, "prompt": list(prompt.token_ids), "max_tokens": prompt.output_len,
+                "ignore_eos": self.workload.ignore_eos, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        await self._request(f"{base}/v1/completions", body, len(prompt.token_ids), index, 0, chat=False)
+
+    async def _slot_loop(self) -> None:
+        while not self.stopping():
+            index = self.take()
+            if index is None:
                 return
-            stream = _Stream()
-            try:
-                error = await _request(self.client, self.url, self.model, prompt, self.workload,
-                                       self.headers, self.timeout_s, stream)
-            except asyncio.CancelledError:
-                self.records[index] = _record(stream, prompt, window_t0,
-                                              "stopped: the run was asked to stop mid-request")
-                raise
-            self.records[index] = _record(stream, prompt, window_t0, error)
+            await self._job(index)
 
     async def _sleep(self, delay_s: float) -> None:
         deadline = time.perf_counter() + delay_s
@@ -233,116 +475,170 @@ class _Window:
                 return
             await asyncio.sleep(min(left_s, _POLL_S))
 
-    async def run(self, prompts: Sequence[PromptSpec], request_rate: float | None,
-                  arrivals: random.Random) -> float:
-        """Send every prompt and wait for all of them; return the window's duration in seconds."""
-        slots = asyncio.Semaphore(self.workload.concurrency)
+    async def run(self, concurrency: int, request_rate_scale: float | None, max_jobs: int,
+                  arrivals: random.Random, t0: float | None = None) -> float:
+        """Send jobs until ``take`` runs dry; return the window's duration in seconds."""
+        if t0 is not None:
+            await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
+        self.window_t0 = time.perf_counter()
+        self.watch.start()
         tasks: list[asyncio.Task[None]] = []
-        window_t0 = time.perf_counter()
+        if request_rate_scale is None or self.workload.request_rate is None:
+            tasks = [asyncio.create_task(self._slot_loop()) for _ in range(concurrency)]
+            dispatcher: asyncio.Task[None] | None = None
+        else:
+            slots = asyncio.Semaphore(concurrency)
+            gaps = arrival_gaps_s(self.workload, max_jobs, arrivals, request_rate_scale)
 
-        async def dispatch() -> None:
-            for index, prompt in enumerate(prompts):
-                if request_rate is not None and index > 0:
-                    await self._sleep(arrivals.expovariate(request_rate))
-                if self.stopping():
-                    return
-                tasks.append(asyncio.create_task(self._one(index, prompt, slots, window_t0)))
+            async def gated(index: int) -> None:
+                async with slots:
+                    if not self.stopping():
+                        await self._job(index)
 
-        dispatcher = asyncio.create_task(dispatch())
+            async def dispatch() -> None:
+                for gap_s in gaps:
+                    if gap_s:
+                        await self._sleep(gap_s)
+                    if self.stopping():
+                        return
+                    index = self.take()
+                    if index is None:
+                        return
+                    tasks.append(asyncio.create_task(gated(index)))
+
+            dispatcher = asyncio.create_task(dispatch())
         try:
             while True:
-                waiting = {task for task in (dispatcher, *tasks) if not task.done()}
+                waiting = {task for task in (dispatcher, *tasks) if task is not None and not task.done()}
                 if not waiting:
                     break
                 await asyncio.wait(waiting, timeout=_POLL_S, return_when=asyncio.FIRST_COMPLETED)
                 if self.stopping():
                     break
         finally:
-            unfinished = [task for task in (dispatcher, *tasks) if not task.done()]
+            unfinished = [task for task in (dispatcher, *tasks) if task is not None and not task.done()]
             for task in unfinished:
                 task.cancel()
             await asyncio.gather(*unfinished, return_exceptions=True)
+            await self.watch.stop()
         for task in tasks:
             if not task.cancelled() and task.exception() is not None:
                 logger.error("load run: a request task crashed", exc_info=task.exception())
-        return time.perf_counter() - window_t0
+        return time.perf_counter() - self.window_t0
 
 
-def _client(workload: Workload, timeout_s: float,
-            transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=min(_CONNECT_TIMEOUT_S, timeout_s), read=timeout_s,
-                              write=min(_WRITE_TIMEOUT_S, timeout_s), pool=timeout_s),
-        limits=httpx.Limits(max_connections=workload.concurrency,
-                            max_keepalive_connections=workload.concurrency),
-        transport=transport,
-        trust_env=False,  # a proxy from the environment would sit inside every measured latency
-    )
+def _counter(first: int, count: int) -> Callable[[], int | None]:
+    numbers = iter(range(first, first + count))
+
+    def take() -> int | None:
+        return next(numbers, None)
+
+    return take
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def run_window(base_url: str, model: str, workload: Workload, plan: WindowPlan, *, vocab_size: int,
+                     api_key: str | None = None, request_timeout_s: float = 600.0,
+                     should_stop: Callable[[], bool] | None = None,
+                     on_record: Callable[[RequestRecord], None] | None = None,
+                     transport: httpx.AsyncBaseTransport | None = None, backend: Backend = "auto",
+                     take: Callable[[], int | None] | None = None, rate_scale: float = 1.0,
+                     t0: float | None = None, watch_raw: list[dict[str, Any]] | None = None) -> LoadResult:
+    """Send one window's jobs from this process and return its records.
+
+    ``take`` hands out job numbers (default: ``plan.first_job`` on, ``plan.jobs`` of them);
+    :mod:`tuner.loadgen_pool` passes one shared between processes, with ``rate_scale`` (this
+    process's share of the rate) and ``t0`` (a common ``perf_counter`` start). ``on_record`` sees
+    every record as it is made (the ladder's early stop). Failed requests are records.
+    """
+    if request_timeout_s <= 0:
+        raise LoadError(f"request_timeout_s must be positive, got {request_timeout_s}")
+    if workload.kind != "agent":
+        prompt_at(workload, vocab_size, 0)  # fail early on an unusable vocabulary
+    chosen, backend_name = _transport(backend, plan.concurrency, request_timeout_s, transport)
+    arrivals = random.Random(workload.seed + _ARRIVAL_SEED_OFFSET + plan.first_job)
+    window = _Window(transport=chosen, base_url=base_url.rstrip("/"), model=model, workload=workload,
+                     vocab_size=vocab_size, headers=_headers(api_key), timeout_s=request_timeout_s,
+                     should_stop=should_stop, take=take or _counter(plan.first_job, plan.jobs),
+                     on_record=on_record, warmup=plan.warmup)
+    try:
+        duration_s = await window.run(plan.concurrency, None if plan.request_rate is None else rate_scale,
+                                      plan.jobs, arrivals, t0)
+    finally:
+        await chosen.aclose()
+    if watch_raw is not None:
+        watch_raw.append(window.watch.raw())
+    records = tuple(window.records[k] for k in sorted(window.records))
+    return LoadResult(records=records, duration_s=duration_s, concurrency=plan.concurrency,
+                      request_rate=plan.request_rate, stopped=window.stopped,
+                      client=window.watch.stats(backend_name))
+
+
+def jobs_for(workload: Workload, requests: int) -> int:
+    """How many jobs make about ``requests`` requests (agent sessions make ``turns`` each)."""
+    return session_count(workload, requests) if workload.kind == "agent" else requests
 
 
 async def run_load(base_url: str, model: str, workload: Workload, *, vocab_size: int,
                    api_key: str | None = None, request_timeout_s: float = 600.0,
                    should_stop: Callable[[], bool] | None = None,
-                   transport: httpx.AsyncBaseTransport | None = None) -> LoadResult:
+                   transport: httpx.AsyncBaseTransport | None = None, backend: Backend = "auto") -> LoadResult:
     """Send the workload's warm-up prompts, then measure its ``num_prompts`` requests.
 
     ``request_timeout_s`` bounds each request from send to ``[DONE]`` (and each read within it).
     ``should_stop`` is polled between requests and while waiting (every 0.1 s; keep it cheap):
     once it returns True no new request is sent, requests in flight are cancelled and recorded as
-    failed, and the result says ``stopped=True``. ``transport`` replaces the network (tests).
-    Raises :class:`LoadError` only for unusable arguments; failed requests are records.
+    failed, and the result says ``stopped=True``. ``transport`` replaces the network (tests; it
+    implies the httpx backend). Raises :class:`LoadError` only for unusable arguments.
     """
     if request_timeout_s <= 0:
         raise LoadError(f"request_timeout_s must be positive, got {request_timeout_s}")
-    measured = make_prompts(workload, vocab_size)
-    warmup = make_warmup_prompts(workload, vocab_size)
-    url = f"{base_url.rstrip('/')}/v1/completions"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    arrivals = random.Random(workload.seed + _ARRIVAL_SEED_OFFSET)
-
-    async with _client(workload, request_timeout_s, transport) as client:
-        def window() -> _Window:
-            return _Window(client=client, url=url, model=model, workload=workload, headers=headers,
-                           timeout_s=request_timeout_s, should_stop=should_stop)
-
-        if warmup:
-            warm = window()
-            warm_s = await warm.run(warmup, None, arrivals)
-            failed = [r.error for r in warm.records.values() if not r.ok]
-            logger.info("load run: %d warm-up requests in %.2f s, %d failed",
-                        len(warm.records), warm_s, len(failed))
-            if failed:
-                logger.warning("load run: warm-up request failed: %s", failed[0])
-            if warm.stopped:
-                return LoadResult(records=(), duration_s=0.0, concurrency=workload.concurrency,
-                                  request_rate=workload.request_rate, stopped=True)
-
-        main = window()
-        logger.info("load run: %d prompts to %s, concurrency %d, request rate %s",
-                    len(measured), url, workload.concurrency, workload.request_rate or "unpaced")
-        duration_s = await main.run(measured, workload.request_rate, arrivals)
-
-    records = tuple(main.records[i] for i in sorted(main.records))
-    failures = [r.error for r in records if not r.ok]
-    logger.info("load run: %d requests in %.2f s, %d failed%s", len(records), duration_s,
-                len(failures), " (stopped early)" if main.stopped else "")
+    if workload.kind != "agent":
+        make_warmup_prompts(workload, vocab_size)
+        prompt_at(workload, vocab_size, 0)
+    common: dict[str, Any] = {"vocab_size": vocab_size, "api_key": api_key, "request_timeout_s": request_timeout_s,
+                              "should_stop": should_stop, "transport": transport, "backend": backend}
+    if workload.warmup_prompts:
+        warm = await run_window(base_url, model, workload,
+                                WindowPlan(0, workload.warmup_prompts, workload.concurrency, None, warmup=True),
+                                **common)
+        failed = [r.error for r in warm.records if not r.ok]
+        logger.info("load run: %d warm-up requests in %.2f s, %d failed",
+                    len(warm.records), warm.duration_s, len(failed))
+        if failed:
+            logger.warning("load run: warm-up request failed: %s", failed[0])
+        if warm.stopped:
+            return LoadResult(records=(), duration_s=0.0, concurrency=workload.concurrency,
+                              request_rate=workload.request_rate, stopped=True)
+    plan = WindowPlan(0, jobs_for(workload, workload.num_prompts), workload.concurrency, workload.request_rate)
+    logger.info("load run: %d jobs to %s, concurrency %d, request rate %s", plan.jobs, base_url,
+                plan.concurrency, plan.request_rate or "unpaced")
+    result = await run_window(base_url, model, workload, plan, **common)
+    failures = [r.error for r in result.records if not r.ok]
+    logger.info("load run: %d requests in %.2f s, %d failed%s", len(result.records), result.duration_s,
+                len(failures), " (stopped early)" if result.stopped else "")
     if failures:
         logger.warning("load run: first failure: %s", failures[0])
-    return LoadResult(records=records, duration_s=duration_s, concurrency=workload.concurrency,
-                      request_rate=workload.request_rate, stopped=main.stopped)
+    return result
 
 
 def run_load_sync(base_url: str, model: str, workload: Workload, *, vocab_size: int,
                   api_key: str | None = None, request_timeout_s: float = 600.0,
                   should_stop: Callable[[], bool] | None = None,
-                  transport: httpx.AsyncBaseTransport | None = None) -> LoadResult:
+                  transport: httpx.AsyncBaseTransport | None = None, backend: Backend = "auto") -> LoadResult:
     """:func:`run_load` for callers without an event loop (it runs one with ``asyncio.run``)."""
+    _no_running_loop("run_load_sync")
+    return asyncio.run(run_load(base_url, model, workload, vocab_size=vocab_size, api_key=api_key,
+                                request_timeout_s=request_timeout_s, should_stop=should_stop,
+                                transport=transport, backend=backend))
+
+
+def _no_running_loop(name: str) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass
-    else:
-        raise LoadError("run_load_sync was called inside a running event loop; await run_load instead")
-    return asyncio.run(run_load(base_url, model, workload, vocab_size=vocab_size, api_key=api_key,
-                                request_timeout_s=request_timeout_s, should_stop=should_stop,
-                                transport=transport))
+        return
+    raise LoadError(f"{name} was called inside a running event loop; await the async version instead")

@@ -13,14 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner import catalog
 from tuner.workload import Workload
 
 _LATENCY_KEY = re.compile(r"^(mean|median|p\d{1,2}(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 _RATE_KEYS = {"output_throughput", "total_token_throughput", "request_throughput"}
-METRIC_KEYS = _RATE_KEYS | {"goodput"}
+METRIC_KEYS = _RATE_KEYS | {"request_goodput"}
+_GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 
 
 class Objective(BaseModel):
@@ -34,6 +35,8 @@ class Objective(BaseModel):
     """Upper limits on latency keys, e.g. ``p95_ttft_ms: 2000``."""
     max_failed_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     workload: Workload = Field(default_factory=Workload)
+    goodput_slos: dict[str, float] = Field(default_factory=dict)
+    """Per-request limits (``ttft_ms``, ``tpot_ms``, ``e2el_ms``) a request must meet to count as goodput."""
     guards: list[str] = Field(default_factory=list)
     """Correctness gates every trial must pass (names in ``guards/`` or YAML paths)."""
 
@@ -56,6 +59,22 @@ class Objective(BaseModel):
             if limit <= 0:
                 raise ValueError(f"SLO {key} must be a positive number of milliseconds, got {limit}")
         return value
+
+    @field_validator("goodput_slos")
+    @classmethod
+    def _goodput_keys(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, limit in value.items():
+            if key not in _GOODPUT_KEYS:
+                raise ValueError(f"goodput SLO {key!r} unknown; use {', '.join(_GOODPUT_KEYS)}")
+            if limit <= 0:
+                raise ValueError(f"goodput SLO {key} must be a positive number of milliseconds")
+        return value
+
+    @model_validator(mode="after")
+    def _goodput_needs_limits(self) -> Objective:
+        if self.metric == "request_goodput" and not self.goodput_slos:
+            raise ValueError("metric request_goodput needs goodput_slos (e.g. ttft_ms: 2000, tpot_ms: 100)")
+        return self
 
     def with_slos(self, overrides: Mapping[str, float]) -> Objective:
         slos = {**self.slos, **overrides}

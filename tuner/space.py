@@ -306,6 +306,7 @@ class HardwareProfile(_Strict):
     def _references_exist(self) -> HardwareProfile:
         for problem in profile_problems(self):
             raise problem
+        draw_order(self)
         return self
 
     def param_names(self) -> list[str]:
@@ -581,12 +582,35 @@ def suggest(profile: HardwareProfile, source: ParamSource) -> ServeConfig:
     if profile.topology is not None:
         chosen[TOPOLOGY_PARAM] = source.suggest_categorical(TOPOLOGY_PARAM, list(profile.topology.choices))
         context.update(parse_topology(str(chosen[TOPOLOGY_PARAM])).derived())
-    for name, lever in profile.levers.items():
+    for name in draw_order(profile):
+        if name == DRAFT_TOKENS_PARAM:
+            assert profile.speculative is not None
+            chosen[name] = _suggest_one(source, name, profile.speculative.draft_tokens)
+            continue
+        lever = profile.levers[name]
         if _active(lever, {**chosen, **context}):
             chosen[name] = _suggest_one(source, name, lever)
-    if profile.speculative is not None:
-        chosen[DRAFT_TOKENS_PARAM] = _suggest_one(source, DRAFT_TOKENS_PARAM, profile.speculative.draft_tokens)
     return build_config(profile, chosen)
+
+
+def draw_order(profile: HardwareProfile) -> list[str]:
+    """Levers (and the draft count) in an order where every ``when`` names something drawn earlier.
+
+    Declaration order is kept wherever the conditions allow it. A cycle is a profile error.
+    """
+    nodes = list(profile.levers) + ([DRAFT_TOKENS_PARAM] if profile.speculative is not None else [])
+    deps = {name: [d for d in (profile.levers[name].when or {}) if d in nodes and d != name]
+            if name in profile.levers else [] for name in nodes}
+    order: list[str] = []
+    placed: set[str] = set()
+    while len(order) < len(nodes):
+        ready = next((n for n in nodes if n not in placed and all(d in placed for d in deps[n])), None)
+        if ready is None:
+            stuck = sorted(n for n in nodes if n not in placed)
+            raise ValueError(f"levers {stuck} have 'when' conditions that depend on each other in a cycle")
+        order.append(ready)
+        placed.add(ready)
+    return order
 
 
 class FixedParams:

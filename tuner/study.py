@@ -22,7 +22,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import catalog, store
 from tuner.engine import resolve_vllm_cmd
@@ -185,7 +185,7 @@ class Study:
         if not record_path.is_file():
             known = sorted(p.parent.name for p in runs_dir.glob("*/study.json")) if runs_dir.is_dir() else []
             raise StudyError(f"no study {name!r} in {runs_dir}; known: {', '.join(known) or '(none)'}. "
-                             "Fix: check --runs-dir and the name (`dsv4-tune list --studies`)")
+                             "Fix: check --runs-dir and the name (`dsv4-tune list --runs-dir DIR` lists studies)")
         data = store.read_json(record_path)
         version = int(data.get("schema_version", 0)) if isinstance(data, dict) else 0
         if version > SCHEMA_VERSION:
@@ -446,6 +446,12 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
                guards: list[str] | None = None, storage: str | None = None) -> StudyRecord:
     profile = load_profile(hw)
     loaded_objective = load_objective(objective)
+    try:
+        loaded_objective.with_slos(slo_overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"--slo: {first['msg']}. Fix: write --slo <stat>_<metric>_ms=LIMIT, "
+                         "e.g. --slo p95_ttft_ms=2000") from exc
     for guard in guards if guards is not None else loaded_objective.guards:
         catalog.resolve("guards", guard)
     chosen_model = model or profile.server.model

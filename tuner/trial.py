@@ -23,8 +23,9 @@ from tuner import metrics, store
 from tuner.engine import VllmEngine, redact_argv
 from tuner.errors import LaunchError, PortInUseError
 from tuner.failures import FailureClass
+from tuner.goodput import request_goodput
 from tuner.guard_api import GuardSuite, GuardTarget, NoGuards
-from tuner.ladder import measure
+from tuner.ladder import Measurement, measure
 from tuner.launcher import LaunchSpec, ServerProcess, choose_port, tail
 from tuner.objective import Objective, Score, failed_score, score
 from tuner.space import ServeConfig
@@ -61,6 +62,7 @@ class TrialOutcome:
     duration_s: float
     trial_dir: str
     config_key: str
+    repeat_values: tuple[float, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -122,19 +124,39 @@ def _server_version(server: ServerProcess) -> str | None:
 
 def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, started: float, *, score_: Score,
              ok: bool, failure_class: str | None, reason: str, summary: Mapping[str, Any] | None = None,
-             server_metrics: Mapping[str, Any] | None = None, ready_s: float | None = None) -> TrialOutcome:
+             server_metrics: Mapping[str, Any] | None = None, ready_s: float | None = None,
+             repeat_values: tuple[float, ...] = ()) -> TrialOutcome:
     outcome = TrialOutcome(
         ok=ok, value=score_.value, constraints=score_.constraints, failure_class=failure_class,
         reason=reason, summary=dict(summary or {}), server_metrics=dict(server_metrics or {}),
-        ready_s=ready_s, duration_s=time.monotonic() - started, trial_dir=str(tdir), config_key=config.key())
+        ready_s=ready_s, duration_s=time.monotonic() - started, trial_dir=str(tdir), config_key=config.key(),
+        repeat_values=repeat_values)
     store.write_json(tdir / "outcome.json", outcome.to_json())
     return outcome
 
 
+def _with_goodput(objective: Objective, run: Measurement) -> dict[str, Any]:
+    summary = dict(run.summary)
+    if objective.goodput_slos:
+        chosen = next((st for st in run.steps if st.summary is run.summary), run.steps[-1])
+        summary["request_goodput"] = request_goodput(chosen.result, objective.goodput_slos)
+    return summary
+
+
+def _median_index(values: list[float]) -> int:
+    """Index of the (lower) median value: the repeat whose summary stands for the trial."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    return order[(len(order) - 1) // 2]
+
+
 def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
               should_stop: Callable[[], bool] | None = None,
-              on_phase: Callable[[str], None] | None = None) -> TrialOutcome:
-    """Run one trial end to end and record it under ``tdir``."""
+              on_phase: Callable[[str], None] | None = None, repeats: int = 1) -> TrialOutcome:
+    """Run one trial end to end and record it under ``tdir``.
+
+    ``repeats`` > 1 measures the workload that many times within the one launch (confirmation
+    runs); the trial's value is then the median repeat, and every repeat must meet the SLOs.
+    """
     started = time.monotonic()
     phase = on_phase or (lambda _p: None)
     tdir.mkdir(parents=True, exist_ok=True)
@@ -178,12 +200,25 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 def stop_load() -> bool:
                     return watch.tripped is not None or bool(should_stop and should_stop())
 
-                measurement = measure(server.base_url, ctx.served_model_name, ctx.objective,
-                                      vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
-                                      scrape=lambda: _scrape(server))
-            summary = dict(measurement.summary)
+                runs = []
+                for index in range(repeats):
+                    if repeats > 1:
+                        phase(f"load {index + 1}/{repeats}")
+                    run = measure(server.base_url, ctx.served_model_name, ctx.objective,
+                                  vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
+                                  scrape=lambda: _scrape(server))
+                    runs.append(run)
+                    if run.stopped:
+                        break
+            summaries = [_with_goodput(ctx.objective, run) for run in runs]
+            scores = [score(ctx.objective, s) for s in summaries]
+            middle = _median_index([sc.value for sc in scores])
+            measurement, summary = runs[middle], summaries[middle]
             server_metrics = {**measurement.server, "server_version": _server_version(server)}
-            store.write_json(tdir / "load.json", measurement.to_json())
+            load_record = {"summary": summary, "repeat_values": [sc.value for sc in scores],
+                           "repeats": [{**run.to_json(), "summary": s} for run, s in zip(runs, summaries,
+                                                                                        strict=True)]}
+            store.write_json(tdir / "load.json", load_record)
             store.write_json(tdir / "server_metrics.json", server_metrics)
     except PortInUseError as exc:
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
@@ -198,12 +233,18 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=watch.tripped.value, reason=reason, summary=summary,
                         server_metrics=server_metrics, ready_s=ready_s)
-    if measurement.stopped:
+    if any(run.stopped for run in runs):
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=FailureClass.INTERRUPTED.value, reason="tuner stopped during the load",
                         summary=summary, ready_s=ready_s)
-    result_score = score(ctx.objective, summary)
+    result_score = scores[middle]
+    if repeats > 1 and not all(sc.feasible for sc in scores):
+        # A candidate is confirmed only if every repeat met the SLOs.
+        worst = max(scores, key=lambda sc: max(sc.constraints))
+        result_score = Score(value=result_score.value, constraints=worst.constraints,
+                             violations=worst.violations)
     reason = "; ".join(result_score.violations) or "met every SLO"
     return _outcome(ctx, config, tdir, started, score_=result_score, ok=True,
                     failure_class=None if result_score.feasible else FailureClass.SLO_VIOLATED.value,
-                    reason=reason, summary=summary, server_metrics=server_metrics, ready_s=ready_s)
+                    reason=reason, summary=summary, server_metrics=server_metrics, ready_s=ready_s,
+                    repeat_values=tuple(sc.value for sc in scores))

@@ -83,8 +83,6 @@ def test_unknown_key_without_close_match_lists_allowed_keys(tmp_path: Path) -> N
         assert allowed in info.value.fix
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: catalog._model_at does not step over dict keys, so an unknown key "
-                                       "inside a dict-of-models entry (levers.<name>.<key>) gets no hint")
 def test_unknown_key_inside_a_lever_gets_a_hint(tmp_path: Path) -> None:
     path = _write(tmp_path, HW + "levers:\n  max-num-seqs: {choices: [1, 2], whne: {a: [1]}}\n")
     with pytest.raises(CatalogError) as info:

@@ -92,8 +92,6 @@ def test_resume_missing_study(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert "no study 'nosuch'" in out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: study.Study.open's fix hint suggests `dsv4-tune list --studies`, "
-                                       "but `list` has no --studies option (argparse exits 2)")
 def test_resume_missing_study_hint_is_a_working_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     main(["resume", "nosuch", "--runs-dir", str(tmp_path)])
     out = " ".join(capsys.readouterr().out.split())  # undo rich's line wrapping
@@ -134,9 +132,6 @@ def test_bad_budget_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert "--budget 'soon'" in capsys.readouterr().out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a --slo key without a unit (ttft=5) is only validated in "
-                                       "Study.__init__ (Objective.with_slos), after study.json is written; the "
-                                       "pydantic ValidationError is no TunerError and escapes main() as a traceback")
 def test_slo_override_without_unit_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     code = main(["--hw", "cpu", "--trials", "1", "--slo", "ttft=5", "--model", str(tmp_path),

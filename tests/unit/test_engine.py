@@ -84,9 +84,6 @@ def test_default_negatable_matches_loader_for_flags_with_no_form(vllm_parser: An
                                         "--no-trust-remote-code"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: options_to_argv (and so VllmEngine.build_argv, which passes no "
-                                       "negatable set) emits --no-disable-log-stats, a flag vLLM does not have; "
-                                       "the --config loader drops a false store_true flag instead")
 def test_false_flag_without_no_form_matches_loader_by_default(vllm_parser: Any, tmp_path: Path) -> None:
     options = {"disable-log-stats": False, "max-num-seqs": 8}
     assert options_to_argv(options) == _loader_argv(vllm_parser, tmp_path, options)

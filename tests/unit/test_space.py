@@ -156,8 +156,6 @@ def test_when_condition_switches_lever_off(tmp_path: Path) -> None:
     assert "prefix-caching-hash-algo" not in off.params
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: space.suggest draws levers in declaration order; a `when` naming a "
-                                       "later lever is accepted at load but never true")
 def test_when_condition_on_a_later_lever_is_rejected_or_honoured(tmp_path: Path) -> None:
     # Levers are drawn in declaration order, so a `when` naming a lever declared later can never hold;
     # the profile must be refused at load, or the lever honoured.
@@ -174,8 +172,6 @@ levers:
     assert cfg.args.get("hash-algo") == "sha256"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `when` may name speculative.draft_tokens (param_names allows it) but "
-                                       "suggest draws the draft count last, so such a lever is never active")
 def test_when_condition_on_draft_tokens_is_rejected_or_honoured(tmp_path: Path) -> None:
     text = HEAD + """\
 levers:

@@ -189,8 +189,6 @@ RuntimeError: NCCL communicator was aborted on rank 3.
 """
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: failures._PATTERNS BAD_FLAG matches 'is not supported' on any line, "
-                                       "so a benign vLLM WARNING earlier in the tail turns a crash into bad_flag")
 def test_benign_not_supported_warning_does_not_make_a_crash_bad_flag() -> None:
     diag = classify_startup_failure(CRASH_AFTER_BENIGN_WARNING, 1)
     assert diag.failure_class is FailureClass.CRASH

@@ -1,0 +1,118 @@
+"""The guards' one HTTP client: every call has a timeout and carries the trial's API key.
+
+A refused request (HTTP ≥ 400) is not an exception of the tool: it comes back as a
+:class:`ProbeFailure` that a guard turns into a failed result with the server's own words.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from tuner.guard_api import GuardTarget
+
+__all__ = ["GuardClient", "ProbeFailure", "first_message", "message_reasoning"]
+
+log = logging.getLogger(__name__)
+
+_BODY_SNIPPET_CHARS = 400
+
+
+class ProbeFailure(Exception):
+    """A probe request the server refused or could not answer (a gate failure, not a tool error)."""
+
+
+class GuardClient:
+    """``with GuardClient(target, timeout_s) as client: client.chat({...})``."""
+
+    def __init__(self, target: GuardTarget, timeout_s: float) -> None:
+        self.target = target
+        self._client = httpx.Client(base_url=target.base_url, headers=dict(target.headers),
+                                    timeout=httpx.Timeout(timeout_s, connect=10.0))
+
+    def __enter__(self) -> GuardClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()
+
+    def post(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            resp = self._client.post(path, json=dict(payload))
+        except httpx.HTTPError as exc:
+            raise ProbeFailure(f"POST {path} failed: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise ProbeFailure(f"POST {path} → HTTP {resp.status_code}: {_server_message(resp)}")
+        try:
+            body = resp.json()
+        except ValueError as exc:
+            raise ProbeFailure(f"POST {path} → HTTP {resp.status_code} with a body that is not JSON") from exc
+        if not isinstance(body, dict):
+            raise ProbeFailure(f"POST {path} → JSON {type(body).__name__}, expected an object")
+        return body
+
+    def get(self, path: str) -> dict[str, Any]:
+        try:
+            resp = self._client.get(path)
+        except httpx.HTTPError as exc:
+            raise ProbeFailure(f"GET {path} failed: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise ProbeFailure(f"GET {path} → HTTP {resp.status_code}: {_server_message(resp)}")
+        try:
+            body = resp.json()
+        except ValueError as exc:
+            raise ProbeFailure(f"GET {path} → a body that is not JSON") from exc
+        return body if isinstance(body, dict) else {"data": body}
+
+    def chat(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """One non-streamed chat completion; returns the whole response body."""
+        return self.post("/v1/chat/completions", {"model": self.target.model, **payload})
+
+    def completion(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        return self.post("/v1/completions", {"model": self.target.model, **payload})
+
+    def tokenize_chat(self, payload: Mapping[str, Any]) -> list[int]:
+        body = self.post("/tokenize", {"model": self.target.model, **payload})
+        return [int(t) for t in body.get("tokens", [])]
+
+    def tokenize_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        body = self.post("/tokenize", {"model": self.target.model, "prompt": text,
+                                       "add_special_tokens": add_special_tokens})
+        return [int(t) for t in body.get("tokens", [])]
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        body = self.post("/detokenize", {"model": self.target.model, "tokens": token_ids})
+        return str(body.get("prompt", ""))
+
+
+def _server_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:_BODY_SNIPPET_CHARS]
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:_BODY_SNIPPET_CHARS]
+    return json.dumps(body)[:_BODY_SNIPPET_CHARS]
+
+
+def message_reasoning(message: Mapping[str, Any]) -> str | None:
+    """The reasoning of a response message under either name (vLLM 0.32 uses ``reasoning``)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def first_message(body: Mapping[str, Any]) -> dict[str, Any]:
+    choices = body.get("choices") or []
+    if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
+        raise ProbeFailure(f"response has no choices[0].message: {json.dumps(body)[:_BODY_SNIPPET_CHARS]}")
+    message: dict[str, Any] = choices[0]["message"]
+    return message

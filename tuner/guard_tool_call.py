@@ -1,0 +1,75 @@
+"""Tool-call gate: the server must parse the model's tool call into ``message.tool_calls``.
+
+Each probe sends a chat request with tools; the first call must name the expected function with
+JSON arguments that validate against its schema (and equal the expected ones, when given). Raw
+DSML (or other tool markup) left in ``content`` fails. With ``round_trip``, the tool result is sent
+back and the final answer must contain the expected text.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tuner.guard_api import GuardResult, GuardTarget
+from tuner.guard_chat import assistant_echo, call_problem, chat_payload, raw_markup_in, tool_result_message
+from tuner.guard_http import GuardClient, ProbeFailure, first_message, message_reasoning
+from tuner.guard_specs import ToolCallProbe, ToolCallSpec
+
+__all__ = ["ToolCallGuard"]
+
+log = logging.getLogger(__name__)
+
+
+class ToolCallGuard:
+    kind = "tool_call"
+
+    def __init__(self, name: str, spec: ToolCallSpec) -> None:
+        self.name = name
+        self.spec = spec
+
+    def run(self, target: GuardTarget) -> GuardResult:
+        evidence: dict[str, Any] = {"probes": []}
+        failures: list[str] = []
+        with GuardClient(target, self.spec.timeout_s) as client:
+            for probe in self.spec.probes:
+                record: dict[str, Any] = {"probe": probe.name}
+                evidence["probes"].append(record)
+                try:
+                    problem = _run_probe(client, probe, record)
+                except ProbeFailure as exc:
+                    problem = str(exc)
+                record["passed"] = problem is None
+                if problem is not None:
+                    record["problem"] = problem
+                    failures.append(f"{probe.name}: {problem}")
+        detail = "; ".join(failures) if failures else f"{len(self.spec.probes)} probe(s) parsed and answered"
+        return GuardResult(self.name, self.kind, not failures, detail, evidence)
+
+
+def _run_probe(client: GuardClient, probe: ToolCallProbe, record: dict[str, Any]) -> str | None:
+    message = first_message(client.chat(chat_payload(probe)))
+    record["response"] = _summary(message)
+    problem = call_problem(message, probe.expect_call, probe.tools)
+    if problem is not None or probe.round_trip is None:
+        return problem
+    echo = assistant_echo(message, reasoning=message_reasoning(message))
+    follow_up = [*probe.messages, echo, tool_result_message(echo, probe.round_trip.tool_result)]
+    final = first_message(client.chat(chat_payload(probe, follow_up, probe.round_trip.max_tokens)))
+    record["round_trip_response"] = _summary(final)
+    content = final.get("content") or ""
+    if final.get("tool_calls"):
+        return f"round trip answered with another tool call instead of an answer: {_summary(final)}"
+    markup = raw_markup_in(content)
+    if markup:
+        return f"round trip left raw {markup!r} markup in content: {content[:160]!r}"
+    if probe.round_trip.expect_content_contains not in content:
+        return (f"round trip answer {content[:160]!r} lacks "
+                f"{probe.round_trip.expect_content_contains!r}")
+    return None
+
+
+def _summary(message: dict[str, Any]) -> dict[str, Any]:
+    calls = [{"name": (c.get("function") or {}).get("name"), "arguments": (c.get("function") or {}).get("arguments")}
+             for c in message.get("tool_calls") or []]
+    return {"content": message.get("content"), "reasoning": message_reasoning(message), "tool_calls": calls}
