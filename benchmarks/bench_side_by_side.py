@@ -38,10 +38,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-LOCK = "/tmp/vllm-server.lock"
+LOCK = "/tmp/vllm-server.lock"  # noqa: S108 - the lock every engineer's vLLM start shares
+LOCK_HELD_ENV = "DSV4_BENCH_LOCK_HELD"
 DEFAULT_PROFILE = HERE / "cpu_wide.yaml"
 DEFAULT_OBJECTIVE = HERE / "throughput_bench.yaml"
-SWEEP_GRID = {"max_num_seqs": [8, 16, 64], "max_num_batched_tokens": [512, 2048], "dtype": ["bfloat16"]}
+SWEEP_GRID = {"max_num_seqs": [4, 8, 16, 32, 64], "max_num_batched_tokens": [512, 1024, 2048]}
 """The sweep's grid (vllm bench sweep serve keys); the first combos that fit the budget are run."""
 
 
@@ -62,15 +63,17 @@ def _load_yaml(path: Path) -> Any:
 
 
 def _run_locked(argv: list[str], *, log_path: Path, budget_s: float | None, env: dict[str, str] | None = None,
-                grace_s: float = 30.0) -> tuple[int, float]:
+                grace_s: float = 15.0) -> tuple[int, float]:
     """Run ``argv`` under ``flock LOCK``; stop its process group ``grace_s`` after the budget.
 
     Returns (exit code, seconds it ran while holding the lock). The lock wait is not counted: a
-    child prints a marker when it holds the lock and the clock starts there.
+    child prints a marker when it holds the lock and the clock starts there. With ``--lock-once``
+    the whole script already holds the lock and the child runs without taking it again.
     """
     marker = log_path.with_suffix(".started")
     marker.unlink(missing_ok=True)
-    wrapped = ["flock", LOCK, "sh", "-c", f'date +%s.%N > "{marker}"; exec "$@"', "sh", *argv]
+    lock = [] if os.environ.get(LOCK_HELD_ENV) else ["flock", LOCK]
+    wrapped = [*lock, "sh", "-c", f'date +%s.%N > "{marker}"; exec "$@"', "sh", *argv]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(wrapped, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -129,7 +132,7 @@ def run_study_method(method: str, args: argparse.Namespace, model: Path) -> dict
     argv = [_python(), str(Path(__file__).resolve()), "_study", "--sampler", method, "--",
             "run", "--hw", str(args.profile), "--objective", str(args.objective), "--budget", f"{args.budget_s:.0f}s",
             "--study", method, "--runs-dir", str(runs_dir), "--model", str(model), "--seed", str(args.seed),
-            "--no-export", "--guards", "none"]
+            "--no-export", "--guards", "none", "--confirm-top-k", str(args.tuner_confirm_top_k)]
     if args.vllm_cmd:
         argv += ["--vllm-cmd", args.vllm_cmd]
     code, wall = _run_locked(argv, log_path=args.out / f"{method}.log", budget_s=args.budget_s)
@@ -258,7 +261,7 @@ def confirm(results: dict[str, dict[str, Any]], args: argparse.Namespace, model:
     argv = [_python(), str(Path(__file__).resolve()), "_study", "--sampler", "tpe", "--",
             "run", "--hw", str(path), "--objective", str(args.objective), "--trials", str(len(baselines)),
             "--study", "confirm", "--runs-dir", str(runs_dir), "--model", str(model), "--no-export",
-            "--guards", "none"]
+            "--guards", "none", "--confirm-top-k", "0"]
     if args.vllm_cmd:
         argv += ["--vllm-cmd", args.vllm_cmd]
     _run_locked(argv, log_path=args.out / "confirm.log", budget_s=None)
@@ -282,7 +285,8 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def markdown(results: dict[str, dict[str, Any]], confirmed: dict[str, Any], budget_s: float) -> str:
     lines = [f"budget per method: {budget_s:.0f} s of wall time (lock held)", "",
-             "| method | launches | feasible | best feasible output tok/s | confirmed re-run tok/s | wall s | best flags |",
+             "| method | launches | feasible | best feasible output tok/s | confirmed re-run tok/s | wall s "
+             "| best flags |",
              "|---|---|---|---|---|---|---|"]
     for method, res in results.items():
         conf = confirmed.get(method, {})
@@ -306,9 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm", default=str(ROOT / ".venv" / "bin" / "vllm"), help="the vllm executable")
     parser.add_argument("--vllm-cmd", default=None, help="passed to the tuner's --vllm-cmd (default: its own)")
-    parser.add_argument("--sweep-max-combos", type=int, default=6, help="cut the sweep grid to this many combos")
+    parser.add_argument("--sweep-max-combos", type=int, default=15, help="cut the sweep grid to this many combos")
     parser.add_argument("--confirm", action="store_true", help="re-launch each winner once through the tuner")
+    parser.add_argument("--tuner-confirm-top-k", type=int, default=0,
+                        help="the tuner's --confirm-top-k for the tpe and random runs (default 0: screening only, "
+                             "like the sweep's --num-runs 1; the tuner's own default is 2)")
+    parser.add_argument("--lock-once", action="store_true",
+                        help="take the vLLM lock once for the whole run instead of once per method")
     args = parser.parse_args(words)
+    if args.lock_once and not os.environ.get(LOCK_HELD_ENV):
+        print(f"waiting for {LOCK} ...", flush=True)
+        os.execvpe("flock",  # noqa: S606 - re-run this script under the shared lock
+                   ["flock", LOCK, _python(), str(Path(__file__).resolve()), *words],
+                   {**os.environ, LOCK_HELD_ENV: "1"})
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))

@@ -22,17 +22,18 @@ from typing import Any
 
 from tuner.workload import AgentSpec, Workload
 
-__all__ = ["AgentSession", "AgentTurnReply", "make_tools", "session_count"]
+__all__ = ["AgentSession", "AgentTurnReply", "make_tools", "merge_tool_call_deltas", "session_count"]
 
-_WORDS = (
-    "def class return import from self value index result error buffer config request response "
-    "handler client server stream token batch cache queue worker thread process module package "
-    "function method argument parameter default option path file folder line column offset length "
-    "count total size limit timeout retry status message header body payload schema field record "
-    "table query filter sort group merge split join parse format encode decode read write open close "
-    "start stop check test assert raise except finally while for if else elif with async await yield "
-    "lambda none true false int str float list dict set tuple bytes object type name key item data"
-).split()
+_WORDS_TEXT = """
+    def class return import from self value index result error buffer config request response handler
+    client server stream token batch cache queue worker thread process module package function method
+    argument parameter default option path file folder line column offset length count total size limit
+    timeout retry status message header body payload schema field record table query filter sort group
+    merge split join parse format encode decode read write open close start stop check test assert raise
+    except finally while for if else elif with async await yield lambda none true false int str float
+    list dict set tuple bytes object type name key item data
+"""
+_WORDS = tuple(_WORDS_TEXT.split())
 _SHARED_SEED = 0x5EED
 _TOOL_NAMES = ("read_file", "write_file", "run_tests", "grep", "list_dir", "apply_patch", "run_shell",
                "git_diff", "search_docs", "open_url", "python", "lint")

@@ -24,7 +24,7 @@ from tuner.engine import DEFAULT_VLLM_CMD
 from tuner.errors import CatalogError, TunerError, UnknownNameError, UsageError
 
 console = Console(stderr=False, highlight=False)
-SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model"}
+SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report"}
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 
 
@@ -95,6 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override an SLO limit, e.g. --slo p95_ttft_ms=2000 (repeatable)")
     run.add_argument("--ready-timeout", type=float, help="seconds a launch may take to become ready")
     run.add_argument("--no-export", action="store_true", help="do not export the winner at the end")
+    run.add_argument("--checkpoint", help="checkpoint catalog name (preview, 0731, w4a16-fp8-mtp, nvfp4-fp8); "
+                     "binds the draft method, size and revision (default: the profile's)")
+    run.add_argument("--prevalidate", choices=["auto", "on", "off"], default="auto",
+                     help="check each configuration with vLLM's own parser before launching it (auto: when "
+                     "vLLM imports here; use off when --vllm-cmd runs another vLLM version)")
+    run.add_argument("--confirm-top-k", type=int, default=2, metavar="K",
+                     help="confirm the K best screening trials with longer, repeated runs (0 = off)")
+    run.add_argument("--confirm-repeats", type=_positive_int, default=3, metavar="N",
+                     help="measurement repeats per confirmation launch (default 3)")
     run.add_argument("--guards", help="comma-separated guard names or YAML paths (default: the objective's); "
                      "'none' for no gates")
     _add_runs_dir(run)
@@ -109,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write the best feasible trial's launch files to <study>/best/")
     export.add_argument("name")
     _add_runs_dir(export)
+
+    report = sub.add_parser("report", help="write report.md / report.html with plots for a study")
+    report.add_argument("name")
+    _add_runs_dir(report)
 
     status = sub.add_parser("status", help="show a study's progress (from another shell)")
     status.add_argument("name")
@@ -163,7 +176,7 @@ def _progress_printer(start: float):  # type: ignore[no-untyped-def]
 
 def _run_study(study, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     from tuner.export import export_best
-    from tuner.study import best_feasible_trial
+    from tuner.report import write_report
 
     _install_signal_handlers()
     console.print(f"study [bold]{study.record.name}[/] in {study.path}")
@@ -173,12 +186,15 @@ def _run_study(study, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
         console.print(f"[yellow]stopped.[/] finished trials are kept; continue with "
                       f"`dsv4-tune resume {study.record.name}`")
         return 130
-    best = best_feasible_trial(optuna_study)
-    if best is None:
+    report = write_report(study, optuna_study)
+    console.print(f"report: {report}")
+    winner = study.winner(optuna_study)
+    if winner is None:
         console.print("[red]no trial passed its gates and met its SLOs[/]; see "
                       f"{study.path / 'trials.csv'}")
         return 1
-    console.print(f"best: trial {best.number}, {study.objective.metric} = {best.value:.2f}")
+    label = "confirmed" if winner.confirmed else "[yellow]unconfirmed[/]"
+    console.print(f"winner: trial {winner.trial}, {study.objective.metric} = {winner.value:.2f} ({label})")
     if not args.no_export:
         out = export_best(study)
         console.print(f"exported: {out}/profile.yaml and {out}/serve.sh")
@@ -186,13 +202,16 @@ def _run_study(study, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.confirm import ConfirmSpec
     from tuner.study import Study, new_record
 
     budget_s = parse_duration(args.budget) if args.budget else None
     record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
                         vllm_cmd=args.vllm_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
                         seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
-                        guards=parse_guards(args.guards))
+                        guards=parse_guards(args.guards), checkpoint=args.checkpoint,
+                        prevalidate=args.prevalidate,
+                        confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats))
     from tuner.engine import resolve_vllm_cmd
     from tuner.study import resolve_model
 
@@ -221,6 +240,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = export_best(Study.open(args.name, args.runs_dir))
     console.print(f"exported: {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.report import write_report
+    from tuner.study import Study
+
+    study = Study.open(args.name, args.runs_dir)
+    console.print(f"report: {write_report(study, study.optuna_study())}")
     return 0
 
 
@@ -290,7 +318,7 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "resume": cmd_resume, "export": cmd_export, "status": cmd_status,
-            "list": cmd_list, "plan": cmd_plan, "demo-model": cmd_demo_model}
+            "list": cmd_list, "plan": cmd_plan, "demo-model": cmd_demo_model, "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

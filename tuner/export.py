@@ -21,10 +21,11 @@ import optuna
 import yaml
 
 from tuner import store
+from tuner.confirm import Confirmation
 from tuner.engine import VllmEngine
 from tuner.errors import NoFeasibleTrialError, StudyError
 from tuner.identity import model_identity, runtime_identity
-from tuner.study import Study, best_feasible_trial
+from tuner.study import Study
 
 EXPORT_PORT = 8000
 EVIDENCE_FILES = ("config.json", "command.json", "outcome.json", "load.json", "server_metrics.json",
@@ -61,19 +62,22 @@ def serve_script(study_name: str, trial_number: int, headline: str, env: dict[st
 
 
 def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
-    """Write the launch files of the best feasible trial; return the folder."""
+    """Write the launch files of the winner (best confirmed, else best feasible); return the folder."""
     study = study_obj.optuna_study()
-    best = best_feasible_trial(study)
-    if best is None:
+    winner = study_obj.winner(study)
+    if winner is None:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(_failure_counts(study).items())) or "no trials yet"
         raise NoFeasibleTrialError(
             f"study {study_obj.record.name!r} has no trial that passed its gates and met its SLOs "
             f"({counts}). Fix: look at trials.csv and the trials' outcome.json; relax --slo limits or "
             "run more trials")
-    tdir = study_obj.path / str(best.user_attrs["trial_dir"])
+    tdir = winner.trial_dir
     config_path = tdir / "config.json"
     if not config_path.is_file():
-        raise StudyError(f"trial {best.number} has no {config_path}; its folder was removed. Fix: re-run it")
+        raise StudyError(f"trial {winner.trial} has no {config_path}; its folder was removed. Fix: re-run it")
+    guards_path = tdir / "guards.json"
+    if guards_path.is_file() and not store.read_json(guards_path).get("passed", False):
+        raise StudyError(f"refusing to export {tdir}: it failed a correctness gate ({guards_path})")
     config = store.read_json(config_path)
     outcome = store.read_json(tdir / "outcome.json")
     command = store.read_json(tdir / "command.json")
@@ -84,37 +88,62 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
     best_dir = out_dir or study_obj.path / "best"
     best_dir.mkdir(parents=True, exist_ok=True)
     metric = study_obj.objective.metric
-    headline = (f"{metric} = {best.value:.2f} on workload {study_obj.objective.name!r}, "
+    status = "confirmed" if winner.confirmed else "UNCONFIRMED (single screening run)"
+    headline = (f"{metric} = {winner.value:.2f} ({status}) on workload {study_obj.objective.name!r}, "
                 f"SLOs {study_obj.objective.slos}")
-    header = f"# dsv4-tune export: study {study_obj.record.name}, trial {best.number}\n# {headline}\n"
+    header = f"# dsv4-tune export: study {study_obj.record.name}, trial {winner.trial}\n# {headline}\n"
     store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
     env = {k: v for k, v in command.get("env", {}).items() if k != "VLLM_API_KEY"}
     store.write_text(best_dir / "serve.sh",
-                     serve_script(study_obj.record.name, best.number, headline, env, study_obj.record.vllm_cmd),
+                     serve_script(study_obj.record.name, winner.trial, headline, env, study_obj.record.vllm_cmd),
                      mode=0o755)
-    store.write_json(best_dir / "identity.json", _identity(study_obj, best, options, outcome, ctx_model))
+    identity = _identity(study_obj, study, winner.trial, winner.value, options, outcome, ctx_model)
+    identity["confirmed"] = winner.confirmed
+    identity["confirmation"] = winner.confirmation.to_json() if winner.confirmation else None
+    store.write_json(best_dir / "identity.json", identity)
     evidence = best_dir / "evidence"
     evidence.mkdir(exist_ok=True)
     for name in EVIDENCE_FILES:
         if (tdir / name).is_file():
             shutil.copyfile(tdir / name, evidence / name)
+    store.write_json(evidence / "confirmations.json", [c.to_json() for c in winner.all_confirmations])
+    comparison = control_comparison(study_obj, winner.all_confirmations)
+    if comparison:
+        store.write_json(evidence / "control_comparison.json", comparison)
     study_obj.write_trials_table(study)
     return best_dir
 
 
-def _identity(study_obj: Study, best: optuna.trial.FrozenTrial, options: dict[str, Any],
+def control_comparison(study_obj: Study, confirmations: tuple[Confirmation, ...]) -> list[dict[str, Any]]:
+    """Each speculative candidate beside its no-speculation control, with acceptance from /metrics."""
+    rows: list[dict[str, Any]] = []
+    for control in (c for c in confirmations if c.control_of is not None):
+        spec = next((c for c in confirmations if c.trial == control.control_of and c.speculative), None)
+        if spec is None:
+            continue
+        metrics_path = study_obj.path / spec.trial_dir / "server_metrics.json"
+        acceptance = store.read_json(metrics_path).get("spec_decode") if metrics_path.is_file() else None
+        gain = spec.median / control.median if control.median and spec.accepted and control.accepted else None
+        rows.append({"speculative": spec.to_json(), "control": control.to_json(), "speculative_gain": gain,
+                     "acceptance": acceptance,
+                     "winner": "speculative" if gain is not None and spec.robust > control.robust else "control"})
+    return rows
+
+
+def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, options: dict[str, Any],
               outcome: dict[str, Any], model: str) -> dict[str, Any]:
     args = options
     profile = study_obj.profile
     return {
         "study": study_obj.record.name,
-        "trial": best.number,
+        "trial": trial,
         "objective": {"name": study_obj.objective.name, "metric": study_obj.objective.metric,
-                      "direction": study_obj.objective.direction, "value": best.value,
+                      "direction": study_obj.objective.direction, "value": value,
                       "slos": study_obj.objective.slos,
                       "max_failed_fraction": study_obj.objective.max_failed_fraction},
         "workload": json.loads(study_obj.objective.workload.model_dump_json()),
-        "checkpoint": model_identity(model),
+        "checkpoint": {**model_identity(model),
+                       **({"catalog": study_obj.checkpoint.model_dump(mode="json")} if study_obj.checkpoint else {})},
         "draft": args.get("speculative-config"),
         "hardware_profile": {"name": profile.name, **profile.hardware.model_dump()},
         "topology": {"tensor_parallel_size": args.get("tensor-parallel-size", 1),
@@ -126,8 +155,11 @@ def _identity(study_obj: Study, best: optuna.trial.FrozenTrial, options: dict[st
         "measured": {k: outcome.get("summary", {}).get(k) for k in (
             "output_throughput", "request_throughput", "p50_ttft_ms", "p95_ttft_ms", "p95_itl_ms",
             "p95_tpot_ms", "completed", "failed")},
-        "constraints": dict(zip(best.user_attrs.get("constraint_names", study_obj_constraint_names(study_obj)),
-                                best.user_attrs.get("constraints", []), strict=False)),
+        "constraints": dict(zip(study_obj_constraint_names(study_obj), outcome.get("constraints", []),
+                                strict=False)),
+        "guards": study_obj.guard_names(),
+        "search": {"trials": len(study.trials), "sampler": type(study.sampler).__name__,
+                   "seed": study_obj.record.seed},
     }
 
 

@@ -11,24 +11,26 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
 import httpx
 
 from tuner.errors import LaunchError, PortInUseError
-from tuner.failures import FailureClass, classify_startup_failure
+from tuner.failures import CLASSIFY_TAIL_BYTES, FailureClass, classify_startup_failure
 
 log = logging.getLogger(__name__)
 
 PID_FILE = "server.pid.json"
 LOG_FILE = "server.log"
+GPU_RELEASE_FILE = "gpu_release.json"
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -139,6 +141,96 @@ def tail(path: Path, max_bytes: int = 6000) -> str:
         return ""
 
 
+# -- GPU memory after a stop -----------------------------------------------------------------------
+GpuProbe = Callable[[], Sequence[int] | None]
+"""Returns MiB used on each visible GPU, or None when it cannot tell."""
+
+GPU_TOLERANCE_MIB = 1024
+"""Memory above the pre-start level that still counts as freed (driver and context noise)."""
+
+
+def nvidia_smi_probe() -> list[int] | None:
+    """MiB used per GPU from ``nvidia-smi`` (NVML's command line), or None when it is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=15, check=True).stdout
+        return [int(float(line.strip())) for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def gpu_holders() -> str:
+    """Best effort: the compute processes still holding GPU memory, for the report."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return "unknown"
+    try:
+        out = subprocess.run([exe, "--query-compute-apps=pid,process_name,used_memory",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=15,
+                             check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    rows = [line.strip() for line in out.splitlines() if line.strip()]
+    return "; ".join(rows) if rows else "no compute process listed (memory held by a zombie or the driver)"
+
+
+def default_gpu_probe() -> GpuProbe | None:
+    """``nvidia_smi_probe`` where NVML's tool is installed and answers, else None (CPU hosts)."""
+    return nvidia_smi_probe if nvidia_smi_probe() is not None else None
+
+
+@dataclass(frozen=True)
+class GpuRelease:
+    """What :func:`wait_gpu_memory_released` saw."""
+
+    status: str
+    """``freed``, ``not_freed`` or ``unknown`` (the probe stopped answering)."""
+    waited_s: float
+    baseline_mib: tuple[int, ...]
+    last_mib: tuple[int, ...]
+    tolerance_mib: int
+    holders: str = ""
+
+    @property
+    def freed(self) -> bool:
+        return self.status != "not_freed"
+
+    def message(self) -> str:
+        if self.status == "freed":
+            return f"GPU memory freed after {self.waited_s:.1f} s"
+        if self.status == "unknown":
+            return "GPU memory could not be read after the stop (the probe failed)"
+        over = [f"GPU {i}: {last} MiB used, {base} MiB before start"
+                for i, (base, last) in enumerate(zip(self.baseline_mib, self.last_mib, strict=False))
+                if last > base + self.tolerance_mib]
+        return (f"GPU memory not freed {self.waited_s:.0f} s after the server stopped ({'; '.join(over)}); "
+                f"holders: {self.holders or 'unknown'}. The next launch may run out of memory. Fix: stop "
+                "the holders (nvidia-smi), or wait and `dsv4-tune resume`")
+
+
+def wait_gpu_memory_released(probe: GpuProbe, baseline_mib: Sequence[int], *, timeout_s: float,
+                             tolerance_mib: int = GPU_TOLERANCE_MIB, poll_s: float = 1.0,
+                             clock: Callable[[], float] = time.monotonic,
+                             sleep: Callable[[float], None] = time.sleep) -> GpuRelease:
+    """Wait, at most ``timeout_s``, until every GPU is back within ``tolerance_mib`` of ``baseline_mib``."""
+    started = clock()
+    base = tuple(int(x) for x in baseline_mib)
+    last: tuple[int, ...] = base
+    while True:
+        reading = probe()
+        if reading is None:
+            return GpuRelease("unknown", clock() - started, base, last, tolerance_mib)
+        last = tuple(int(x) for x in reading)
+        if all(used <= b + tolerance_mib for used, b in zip(last, base, strict=False)):
+            return GpuRelease("freed", clock() - started, base, last, tolerance_mib)
+        if clock() - started >= timeout_s:
+            return GpuRelease("not_freed", clock() - started, base, last, tolerance_mib)
+        sleep(poll_s)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     argv: list[str]
@@ -149,16 +241,24 @@ class LaunchSpec:
     ready_timeout_s: float
     api_key: str | None = None
     model_name: str | None = None
+    stop_grace_s: float = 15.0
+    """SIGTERM → SIGKILL delay when the server is stopped."""
+    gpu_release_timeout_s: float = 120.0
+    """How long :meth:`ServerProcess.stop` waits for GPU memory to return to its level before start."""
 
 
 class ServerProcess:
     """A running server. Use as a context manager: the server is always stopped on exit."""
 
-    def __init__(self, spec: LaunchSpec) -> None:
+    def __init__(self, spec: LaunchSpec, *, gpu_probe: GpuProbe | str | None = "auto") -> None:
         self.spec = spec
         self.log_path = spec.workdir / LOG_FILE
         self.pid_path = spec.workdir / PID_FILE
         self.proc: subprocess.Popen[bytes] | None = None
+        self._gpu_probe: GpuProbe | str | None = gpu_probe
+        self._gpu_baseline: tuple[int, ...] | None = None
+        self.gpu_release: GpuRelease | None = None
+        """Set by :meth:`stop` on a GPU host: did the memory come back (``gpu_release.json`` if not)."""
 
     @property
     def base_url(self) -> str:
@@ -174,6 +274,11 @@ class ServerProcess:
                                  f"({describe_port_holder(self.spec.port)})")
         self.spec.workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env}
+        if self._gpu_probe == "auto":
+            self._gpu_probe = default_gpu_probe()
+        if callable(self._gpu_probe):
+            reading = self._gpu_probe()
+            self._gpu_baseline = tuple(reading) if reading is not None else None
         log.info("starting server on %s:%d", self.spec.host, self.spec.port)
         with self.log_path.open("ab") as log_fh:
             self.proc = subprocess.Popen(
@@ -196,7 +301,7 @@ class ServerProcess:
                 code = self.exited()
                 if code is not None:
                     log_tail = tail(self.log_path)
-                    diag = classify_startup_failure(log_tail, code)
+                    diag = classify_startup_failure(tail(self.log_path, CLASSIFY_TAIL_BYTES), code)
                     raise LaunchError(f"server exited during startup ({diag.failure_class.value}): "
                                       f"{diag.reason}", failure_class=diag.failure_class.value,
                                       log_path=self.log_path, log_tail=log_tail)
@@ -230,7 +335,7 @@ class ServerProcess:
     def stop(self) -> None:
         if self.proc is None:
             return
-        kill_group(self.proc.pid)
+        kill_group(self.proc.pid, grace_s=self.spec.stop_grace_s)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         if not wait_port_free(self.spec.host, self.spec.port):
@@ -238,6 +343,21 @@ class ServerProcess:
         with contextlib.suppress(FileNotFoundError):
             self.pid_path.unlink()
         self.proc = None
+        self._check_gpu_release()
+
+    def _check_gpu_release(self) -> None:
+        probe = self._gpu_probe
+        if not callable(probe) or self._gpu_baseline is None:
+            return
+        report = wait_gpu_memory_released(probe, self._gpu_baseline, timeout_s=self.spec.gpu_release_timeout_s)
+        if not report.freed:
+            report = GpuRelease(report.status, report.waited_s, report.baseline_mib, report.last_mib,
+                                report.tolerance_mib, holders=gpu_holders())
+            log.warning("%s", report.message())
+            with contextlib.suppress(OSError):
+                (self.spec.workdir / GPU_RELEASE_FILE).write_text(
+                    json.dumps({**asdict(report), "message": report.message()}, indent=2))
+        self.gpu_release = report
 
     def __enter__(self) -> ServerProcess:
         self.start()

@@ -15,8 +15,11 @@ second token, for TPOT/ITL) vLLM reports 0.0, which would read as a perfect late
 so an SLO check on it fails rather than passes.
 
 The rest reads vLLM's Prometheus ``/metrics`` page: :func:`parse_prometheus`,
-:func:`counter_deltas` (summed over label sets, so the engines of a DP deployment add up) and
-:func:`spec_decode_summary`.
+:func:`counter_deltas` (summed over label sets, so the engines of a DP deployment add up),
+:func:`spec_decode_summary`, histogram deltas and their quantiles (:func:`queue_time_summary`: the
+client cannot see how long a request waited for a batch slot, vLLM's
+``vllm:request_queue_time_seconds`` histogram can), and gauges sampled during a window
+(:func:`gauge_total` sums the engines, :func:`gauge_summary` reduces the samples).
 """
 
 from __future__ import annotations
@@ -30,12 +33,18 @@ import numpy as np
 from tuner.loadgen import LoadResult
 
 __all__ = [
+    "GAUGES",
     "LATENCY_METRICS",
     "SPEC_DECODE_COUNTERS",
     "MetricKey",
     "Samples",
     "counter_deltas",
+    "gauge_summary",
+    "gauge_total",
+    "histogram_deltas",
+    "histogram_quantile",
     "parse_prometheus",
+    "queue_time_summary",
     "spec_decode_summary",
     "summarize",
 ]
@@ -284,3 +293,96 @@ def spec_decode_summary(deltas: Mapping[str, float]) -> dict[str, float | None]:
         "acceptance_rate": accepted / draft_tokens if draft_tokens > 0 else None,
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts > 0 else None,
     }
+
+
+# --- histograms and gauges ------------------------------------------------------------------------
+
+GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def histogram_deltas(before: Mapping[MetricKey, float], after: Mapping[MetricKey, float],
+                     name: str) -> tuple[list[tuple[float, float]], float, float]:
+    """Growth of histogram ``name`` between two scrapes, engines (label sets) added up.
+
+    Returns ``(buckets, count, sum)``: ``buckets`` are ``(upper bound, cumulative count)`` sorted by
+    bound, ``+Inf`` last. A series that went down (a restart) counts from 0, as in
+    :func:`counter_deltas`.
+    """
+    bucket_name = name + "_bucket"
+    by_le: dict[float, float] = {}
+    for (sample, labels), now in after.items():
+        if sample != bucket_name or math.isnan(now):
+            continue
+        le_text = dict(labels).get("le")
+        if le_text is None:
+            continue
+        try:
+            le = float(le_text)
+        except ValueError:
+            continue
+        then = before.get((sample, labels), 0.0)
+        then = 0.0 if math.isnan(then) else then
+        by_le[le] = by_le.get(le, 0.0) + (now - then if now >= then else now)
+    count = counter_deltas(before, after, [name + "_count"])[name + "_count"]
+    total = counter_deltas(before, after, [name + "_sum"])[name + "_sum"]
+    return sorted(by_le.items()), count, total
+
+
+def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """Prometheus' ``histogram_quantile``: linear inside the bucket that holds rank ``q * count``.
+
+    NaN when the histogram is empty. A rank in the ``+Inf`` bucket gives the highest finite bound.
+    """
+    if not buckets or buckets[-1][1] <= 0:
+        return math.nan
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, cumulative in buckets:
+        if cumulative >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if cumulative == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (cumulative - lower_count)
+        lower_bound, lower_count = bound, cumulative
+    return lower_bound
+
+
+def queue_time_summary(before: Mapping[MetricKey, float], after: Mapping[MetricKey, float],
+                       percentiles: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
+    """Queue time of the requests vLLM finished in the window (``vllm:request_queue_time_seconds``).
+
+    Keys ``mean_queue_ms``, ``median_queue_ms``, ``p{P}_queue_ms`` (bucket-interpolated, so only as
+    fine as vLLM's buckets) and ``queue_requests``; NaN when no request was recorded.
+    """
+    buckets, count, total = histogram_deltas(before, after, "vllm:request_queue_time_seconds")
+    out = {"queue_requests": count, "mean_queue_ms": total / count * 1000.0 if count > 0 else math.nan,
+           "median_queue_ms": histogram_quantile(buckets, 0.5) * 1000.0}
+    for p in percentiles:
+        out[f"p{_percentile_word(p)}_queue_ms"] = histogram_quantile(buckets, p / 100.0) * 1000.0
+    return out
+
+
+def gauge_total(samples: Mapping[MetricKey, float], name: str) -> float | None:
+    """One gauge summed over its label sets (the engines under DP); None when absent.
+
+    ``vllm:kv_cache_usage_perc`` is a per-engine fraction, so for it this is the mean over engines.
+    """
+    values = [v for (sample, _labels), v in samples.items() if sample == name and not math.isnan(v)]
+    if not values:
+        return None
+    if name == "vllm:kv_cache_usage_perc":
+        return sum(values) / len(values)
+    return sum(values)
+
+
+def gauge_summary(series: Sequence[Mapping[MetricKey, float]],
+                  names: Iterable[str] = GAUGES) -> dict[str, dict[str, float | int | None]]:
+    """Mean and max of each gauge over scrapes taken during a window, engines combined."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for name in names:
+        values = [v for v in (gauge_total(s, name) for s in series) if v is not None]
+        out[name] = {"samples": len(values),
+                     "mean": sum(values) / len(values) if values else None,
+                     "max": max(values) if values else None}
+    return out

@@ -11,45 +11,88 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from tuner.errors import TunerError
 
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE)", re.I)
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename), so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class DiskFullError(TunerError):
+    """A result could not be written: the filesystem is full (or over quota). Nothing was half-written."""
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        self.path = path
+        free = _free_bytes(path)
+        where = f"{free / 1e6:.1f} MB free" if free is not None else "free space unknown"
+        super().__init__(
+            f"disk full: {cause.strerror or cause} while writing {path} ({where}). Files already written "
+            "and the study database are intact; the file being written was not half-written. Fix: free "
+            "space on that filesystem (or use a --runs-dir on a larger one), then `dsv4-tune resume` the study")
+
+
+def _free_bytes(path: Path) -> int | None:
+    for candidate in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            if candidate.exists():
+                return shutil.disk_usage(candidate).free
+    return None
+
+
+@contextlib.contextmanager
+def _disk_full_is_an_error(path: Path) -> Iterator[None]:
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        yield
+    except OSError as exc:
+        if exc.errno in _FULL_ERRNOS:
+            raise DiskFullError(path, exc) from exc
         raise
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None], *, mode: int | None = None) -> None:
+    """Temp file beside ``path``, fsync, rename: a reader sees the old file or the new one, never half."""
+    with _disk_full_is_an_error(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename), so a crash never leaves half a file.
+
+    A full disk raises :class:`DiskFullError` (a TunerError naming the file and the fix), never a
+    bare OSError.
+    """
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    _atomic_write(path, lambda fh: fh.write(text))
 
 
 def write_text(path: Path, text: str, *, mode: int | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write text atomically; ``mode`` sets the permission bits (``serve.sh`` is 0o755)."""
+    _atomic_write(path, lambda fh: fh.write(text), mode=mode)
 
 
 def read_json(path: Path) -> Any:

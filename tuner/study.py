@@ -8,6 +8,7 @@ learns from it; it is never left out as FAIL. FAIL is kept for trials the tuner 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import logging
@@ -18,20 +19,23 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import catalog, store
+from tuner.checkpoints import Checkpoint, load_checkpoint
+from tuner.confirm import Confirmation, ConfirmSpec, judge, pick_winner
 from tuner.engine import resolve_vllm_cmd
 from tuner.errors import StudyError, StudyLockedError, UsageError
 from tuner.failures import FailureClass
 from tuner.guard_api import GuardSuite, NoGuards
 from tuner.launcher import stop_orphans
 from tuner.objective import Objective, constraint_names, failed_score, load_objective
-from tuner.space import HardwareProfile, ServeConfig, load_profile, suggest
+from tuner.prelaunch import PreLaunch
+from tuner.space import HardwareProfile, ServeConfig, bind_checkpoint, build_config, load_profile, suggest
 from tuner.trial import TrialContext, TrialOutcome, run_trial
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,11 @@ class StudyRecord(BaseModel):
     ready_timeout_s: float | None = None
     guards: list[str] | None = None
     """Guard names or YAML paths; None = the objective's ``guards`` list."""
+    checkpoint: str | None = None
+    """Checkpoint catalog name (``search_spaces/_checkpoints.yaml``); None = the profile's default."""
+    prevalidate: Literal["auto", "on", "off"] = "auto"
+    """Check each configuration with vLLM's own parser before launching it (auto: when vLLM imports)."""
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
     storage: str | None = None
     """Optuna storage URL; None = SQLite in the study folder. Never holds a password on disk: see
     :func:`storage_for_record`."""
@@ -164,6 +173,11 @@ class Study:
         self.path = store.study_dir(runs_dir, record.name)
         self.profile: HardwareProfile = self._snapshot_profile()
         self.objective: Objective = self._snapshot_objective().with_slos(record.slo_overrides)
+        self.checkpoint: Checkpoint | None = None
+        checkpoint_name = record.checkpoint or self.profile.server.checkpoint
+        if checkpoint_name:
+            self.checkpoint = load_checkpoint(checkpoint_name)
+            self.profile = bind_checkpoint(self.profile, self.checkpoint)
 
     # -- creation and loading ------------------------------------------------------------------
     @classmethod
@@ -280,6 +294,7 @@ class Study:
         deadline = started + self.record.budget_s if self.record.budget_s else None
         progress = Progress(study=self.record.name, target=self.record.trials, deadline=deadline)
         launched_keys = self._launched_keys(study)
+        prelaunch = PreLaunch(self.profile, self.checkpoint, self.objective, self.record.prevalidate)
         progress.launched = len(launched_keys_numbers(study))
         self._update_best(study, progress)
         duplicates = 0
@@ -287,7 +302,7 @@ class Study:
             if self.record.trials is not None and progress.launched >= self.record.trials:
                 progress.last = f"reached --trials {self.record.trials}"
                 break
-            if deadline is not None and not self._time_for_another(study, deadline):
+            if deadline is not None and not self._time_for_another(study, deadline, self._confirm_reserve_s(study)):
                 progress.last = "budget left is shorter than one trial; stopping"
                 break
             if should_stop():
@@ -303,6 +318,13 @@ class Study:
                     break
                 continue
             duplicates = 0
+            verdict = prelaunch.check(config, ctx)
+            if verdict is not None:
+                self._tell_pruned(study, trial, config, verdict)
+                launched_keys[key] = trial.number
+                progress.events.append(f"trial {trial.number} pruned before launch: {verdict.reason[:100]}")
+                on_progress(progress)
+                continue
             outcome = self._run_one(study, trial, config, ctx, progress, on_progress, should_stop)
             launched_keys[key] = trial.number
             progress.launched += 1
@@ -314,10 +336,118 @@ class Study:
             if config.is_speculative:
                 self._enqueue_control(study, config, launched_keys)
             self.write_trials_table(study)
+        if not should_stop():
+            self._confirm(study, ctx, progress, on_progress, should_stop)
         progress.phase = "done"
         on_progress(progress)
         self.write_trials_table(study)
         return study
+
+    # -- pre-launch pruning --------------------------------------------------------------------
+    def _tell_pruned(self, study: optuna.Study, trial: optuna.Trial, config: ServeConfig, verdict: Any) -> None:
+        """Record a configuration refused before launch; the sampler learns it is infeasible."""
+        tdir = store.trial_dir(self.path, trial.number)
+        store.write_json(tdir / "config.json", {"args": config.args, "env": store.safe_env(dict(config.env)),
+                                                "params": config.params, "key": config.key(),
+                                                "speculative": config.is_speculative})
+        score_ = failed_score(self.objective)
+        store.write_json(tdir / "outcome.json", {
+            "ok": False, "feasible": False, "launched": False, "failure_class": verdict.failure_class,
+            "reason": verdict.reason, "value": score_.value, "constraints": list(score_.constraints),
+            "evidence": verdict.evidence, "config_key": config.key(), "trial_dir": str(tdir)})
+        trial.set_user_attr("trial_dir", str(tdir.relative_to(self.path)))
+        trial.set_user_attr("config_key", config.key())
+        trial.set_user_attr("launched", False)
+        trial.set_user_attr("constraints", list(score_.constraints))
+        for name, margin in zip(constraint_names(self.objective), score_.constraints, strict=True):
+            trial.set_constraint(name, margin)
+        trial.set_user_attr("ok", False)
+        trial.set_user_attr("feasible", False)
+        trial.set_user_attr("failure_class", verdict.failure_class)
+        trial.set_user_attr("reason", verdict.reason[:1000])
+        study.tell(trial, score_.value)
+
+    # -- confirmation (multi-fidelity) ---------------------------------------------------------
+    def confirmations(self, study: optuna.Study) -> list[Confirmation]:
+        return [Confirmation(**{**c, "values": tuple(c["values"])}) for c in study.user_attrs.get("confirmations", [])]
+
+    def _candidates(self, study: optuna.Study) -> list[tuple[int, ServeConfig, int | None]]:
+        """Top-k distinct feasible screening trials, each speculative one followed by its control."""
+        top = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                      if t.user_attrs.get("feasible") and "duplicate_of" not in t.user_attrs and t.value is not None),
+                     key=lambda t: float(t.value or 0.0),
+                     reverse=self.objective.direction == "maximize")[: self.record.confirm.top_k]
+        out: list[tuple[int, ServeConfig, int | None]] = []
+        seen: set[str] = set()
+        for t in top:
+            config = build_config(self.profile, t.params)
+            if config.key() not in seen:
+                out.append((t.number, config, None))
+                seen.add(config.key())
+            if config.is_speculative and config.control().key() not in seen:
+                out.append((t.number, config.control(), t.number))
+                seen.add(config.control().key())
+        return out
+
+    def _confirm(self, study: optuna.Study, ctx: TrialContext, progress: Progress,
+                 on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> None:
+        spec = self.record.confirm
+        if spec.top_k == 0:
+            return
+        done = {(c.trial, c.config_key) for c in self.confirmations(study)}
+        workload = self.objective.workload
+        longer = workload.model_copy(update={"num_prompts": max(1, round(workload.num_prompts * spec.workload_scale))})
+        confirm_ctx = dataclasses.replace(ctx, objective=self.objective.model_copy(update={"workload": longer}))
+        for number, config, control_of in self._candidates(study):
+            if (number, config.key()) in done or should_stop():
+                continue
+            suffix = "-control" if control_of is not None else ""
+            tdir = self.path / "confirm" / f"{number:04d}{suffix}"
+            progress.trial_number = number
+            progress.phase = f"confirm{suffix}"
+            on_progress(progress)
+            outcome = run_trial(confirm_ctx, config, tdir, should_stop=should_stop, repeats=spec.repeats,
+                                on_phase=_phase_reporter(progress, on_progress, f"confirm{suffix}"))
+            if outcome.failure_class == FailureClass.INTERRUPTED.value:
+                raise KeyboardInterrupt
+            verdict = judge(number, config.key(), outcome.repeat_values, all_feasible=outcome.feasible, spec=spec,
+                            maximize=self.objective.direction == "maximize",
+                            trial_dir=str(tdir.relative_to(self.path)), speculative=config.is_speculative,
+                            failure=None if outcome.ok else f"{outcome.failure_class}: {outcome.reason[:200]}",
+                            control_of=control_of)
+            stored = list(study.user_attrs.get("confirmations", []))
+            stored.append(verdict.to_json())
+            study.set_user_attr("confirmations", stored)
+            progress.events.append(f"confirm trial {number}{suffix}: {verdict.reason}")
+            on_progress(progress)
+
+    def _confirm_reserve_s(self, study: optuna.Study) -> float:
+        """Wall time to keep for the confirmation phase when deciding whether to screen once more."""
+        spec = self.record.confirm
+        if spec.top_k == 0:
+            return 0.0
+        finished = [t for t in study.get_trials(deepcopy=False) if "duration_s" in t.user_attrs]
+        if not finished:
+            return 0.0
+        launch = statistics.median(float(t.user_attrs.get("ready_s") or 0.0) for t in finished)
+        load = statistics.median(max(0.0, float(t.user_attrs["duration_s"]) - float(t.user_attrs.get("ready_s") or 0.0))
+                                 for t in finished)
+        per_candidate = launch + load * spec.repeats * spec.workload_scale
+        return per_candidate * spec.top_k * 1.5  # controls of speculative candidates, roughly
+
+    def winner(self, study: optuna.Study) -> Winner | None:
+        """What to export: the best confirmed candidate, else the best feasible screening trial."""
+        maximize = self.objective.direction == "maximize"
+        confirmations = self.confirmations(study)
+        chosen = pick_winner(confirmations, maximize=maximize)
+        if chosen is not None:
+            return Winner(trial=chosen.trial, trial_dir=self.path / chosen.trial_dir, value=chosen.median,
+                          confirmed=True, confirmation=chosen, all_confirmations=tuple(confirmations))
+        best = best_feasible_trial(study)
+        if best is None or best.value is None:
+            return None
+        return Winner(trial=best.number, trial_dir=self.path / str(best.user_attrs["trial_dir"]), value=best.value,
+                      confirmed=False, confirmation=None, all_confirmations=tuple(confirmations))
 
     def _run_one(self, study: optuna.Study, trial: optuna.Trial, config: ServeConfig, ctx: TrialContext,
                  progress: Progress, on_progress: Callable[[Progress], None],
@@ -392,11 +522,12 @@ class Study:
                 keys[key] = t.number
         return keys
 
-    def _time_for_another(self, study: optuna.Study, deadline: float) -> bool:
+    def _time_for_another(self, study: optuna.Study, deadline: float, reserve_s: float = 0.0) -> bool:
+        """Start another trial only if it can finish (median duration so far) before the deadline."""
         durations = [float(t.user_attrs["duration_s"]) for t in study.get_trials(deepcopy=False)
                      if "duration_s" in t.user_attrs and "duplicate_of" not in t.user_attrs]
-        estimate = statistics.median(durations) if durations else 0.0
-        return time.time() + estimate <= deadline
+        estimate = statistics.median(durations) if durations else self.profile.server.expected_launch_s
+        return time.time() + estimate + reserve_s <= deadline
 
     def _update_best(self, study: optuna.Study, progress: Progress) -> None:
         best = best_feasible_trial(study)
@@ -411,9 +542,28 @@ class Study:
         return out
 
 
+def _phase_reporter(progress: Progress, on_progress: Callable[[Progress], None],
+                    prefix: str) -> Callable[[str], None]:
+    def report(name: str) -> None:
+        progress.phase = f"{prefix} {name}"
+        on_progress(progress)
+
+    return report
+
+
+@dataclass(frozen=True)
+class Winner:
+    trial: int
+    trial_dir: Path
+    value: float
+    confirmed: bool
+    confirmation: Confirmation | None
+    all_confirmations: tuple[Confirmation, ...]
+
+
 def launched_keys_numbers(study: optuna.Study) -> list[int]:
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if "duplicate_of" not in t.user_attrs]
+            if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True)]
 
 
 def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -443,8 +593,13 @@ def trials_frame(study: optuna.Study) -> Any:
 def new_record(*, name: str | None, hw: str, objective: str, model: str | None, vllm_cmd: str,
                port: int | None, trials: int | None, budget_s: float | None, seed: int,
                slo_overrides: dict[str, float], ready_timeout_s: float | None,
-               guards: list[str] | None = None, storage: str | None = None) -> StudyRecord:
+               guards: list[str] | None = None, storage: str | None = None, checkpoint: str | None = None,
+               prevalidate: Literal["auto", "on", "off"] = "auto",
+               confirm: ConfirmSpec | None = None) -> StudyRecord:
     profile = load_profile(hw)
+    checkpoint_name = checkpoint or profile.server.checkpoint
+    if checkpoint_name:
+        profile = bind_checkpoint(profile, load_checkpoint(checkpoint_name))
     loaded_objective = load_objective(objective)
     try:
         loaded_objective.with_slos(slo_overrides)
@@ -460,5 +615,6 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
     study_name = name or f"{profile.name}-{Path(objective).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     return StudyRecord(name=study_name, hw=hw, objective=objective, model=chosen_model, vllm_cmd=vllm_cmd,
                        port=port, trials=trials, budget_s=budget_s, seed=seed, slo_overrides=slo_overrides,
-                       ready_timeout_s=ready_timeout_s, guards=guards, storage=storage)
+                       ready_timeout_s=ready_timeout_s, guards=guards, storage=storage, checkpoint=checkpoint,
+                       prevalidate=prevalidate, confirm=confirm or ConfirmSpec())
 

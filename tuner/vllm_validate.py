@@ -110,5 +110,7 @@ def validate_options(options: Mapping[str, Any]) -> list[str]:
     except _ParseError as exc:
         problems.append(str(exc))
     except Exception as exc:  # vLLM raises ValueError, KeyError, TypeError, pydantic errors
-        problems.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
+        # pydantic puts the field and the message on the lines after its headline; keep them.
+        problems.append(" ".join(ln for ln in lines[:4] if not ln.startswith("For further information")))
     return problems

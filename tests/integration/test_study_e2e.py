@@ -66,8 +66,10 @@ def study_run(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dic
     profile.write_text(yaml.safe_dump(PROFILE))
     objective.write_text(yaml.safe_dump(OBJECTIVE))
     runs = root / "runs"
+    # --prevalidate off: the rejected flag must reach a real launch here (the parser check has its own test).
     proc = _cli("--hw", str(profile), "--objective", str(objective), "--trials", "3", "--study", STUDY,
-                "--model", str(demo_model), runs=runs)
+                "--model", str(demo_model), "--prevalidate", "off", "--confirm-top-k", "1",
+                "--confirm-repeats", "2", runs=runs)
     return {"proc": proc, "runs": runs, "study": runs / STUDY}
 
 

@@ -188,21 +188,20 @@ class StandInServer:
             for i in range(n_out):
                 if i and b.itl_s:
                     await asyncio.sleep(b.itl_s)
+                finish = '"length"' if i == n_out - 1 else "null"
                 if chat:
-                    choice = ('{"index":0,"delta":{"content":"tok%d"},"finish_reason":%s}'
-                              % (i, '"length"' if i == n_out - 1 else "null"))
+                    choice = f'{{"index":0,"delta":{{"content":"tok{i}"}},"finish_reason":{finish}}}'
                 else:
-                    choice = ('{"index":0,"text":"tok%d","logprobs":null,"finish_reason":%s}'
-                              % (i, '"length"' if i == n_out - 1 else "null"))
-                event = ('data: {"id":"cmpl-standin","object":"%s","model":"standin","choices":[%s]}\n\n'
-                         % (obj, choice)).encode()
+                    choice = f'{{"index":0,"text":"tok{i}","logprobs":null,"finish_reason":{finish}}}'
+                event = (f'data: {{"id":"cmpl-standin","object":"{obj}","model":"standin",'
+                         f'"choices":[{choice}]}}\n\n').encode()
                 writer.write(b"%x\r\n%s\r\n" % (len(event), event))
                 self.stats.generation_tokens[engine] += 1
                 await writer.drain()
             if usage:
-                event = ('data: {"id":"cmpl-standin","object":"%s","model":"standin","choices":[],'
-                         '"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\n'
-                         % (obj, n_in, n_out, n_in + n_out)).encode()
+                event = (f'data: {{"id":"cmpl-standin","object":"{obj}","model":"standin","choices":[],'
+                         f'"usage":{{"prompt_tokens":{n_in},"completion_tokens":{n_out},'
+                         f'"total_tokens":{n_in + n_out}}}}}\n\n').encode()
                 writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             done = b"data: [DONE]\n\n"
             writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))

@@ -1,0 +1,135 @@
+"""Cross-check: our load generator and ``vllm bench serve`` agree on the same workload.
+
+One real vLLM (CPU build) server serves the tiny demo model for the whole module. The same
+workload (random token prompts of a fixed length, a fixed output length with ``ignore_eos``,
+the same number of prompts and the same concurrency) goes through both tools, alternating,
+``ROUNDS`` times each; their means must agree within 5% on output throughput and within 10% on
+median TTFT and median ITL.
+
+Comparable by construction: ``vllm bench serve --dataset-name random`` draws token ids, decodes
+them to text and sends text, which the server re-tokenizes, so its prompts may come out a few
+tokens longer or shorter than asked; we send the ids themselves. The test first checks that the
+input token totals agree within 5%, so a TTFT gap cannot hide a length gap.
+
+Run under ``flock /tmp/vllm-server.lock`` on a shared machine: it starts a server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import vllm_cli
+from tuner.launcher import LaunchSpec, ServerProcess, free_port
+from tuner.loadgen import run_load_sync
+from tuner.metrics import summarize
+from tuner.workload import Workload
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+log = logging.getLogger(__name__)
+
+SERVED = "demo"
+VOCAB = 4096
+INPUT_LEN = 128
+OUTPUT_LEN = 96
+NUM_PROMPTS = 32
+CONCURRENCY = 8
+ROUNDS = 2
+SERVER_FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--dtype", "bfloat16", "--max-num-seqs", "16",
+                "--served-model-name", SERVED]
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[ServerProcess]:
+    cli = vllm_cli()
+    assert cli is not None
+    workdir = tmp_path_factory.mktemp("crosscheck-server")
+    port = free_port()
+    spec = LaunchSpec(argv=[cli, "serve", str(demo_model), "--host", "127.0.0.1", "--port", str(port),
+                            *SERVER_FLAGS],
+                      env={**ENV, "VLLM_CACHE_ROOT": str(workdir / "cache"),
+                           "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")},
+                      host="127.0.0.1", port=port, workdir=workdir, ready_timeout_s=300)
+    with ServerProcess(spec) as proc:
+        proc.wait_ready()
+        yield proc
+
+
+def _ours(base_url: str) -> dict[str, Any]:
+    workload = Workload(input_len=INPUT_LEN, output_len=OUTPUT_LEN, num_prompts=NUM_PROMPTS,
+                        concurrency=CONCURRENCY, warmup_prompts=1, seed=0)
+    result = run_load_sync(base_url, SERVED, workload, vocab_size=VOCAB, request_timeout_s=300)
+    return dict(summarize(result))
+
+
+def _bench(base_url: str, tokenizer: Path, out: Path, seed: int) -> dict[str, Any]:
+    cli = vllm_cli()
+    assert cli is not None
+    name = f"bench-{seed}.json"
+    argv = [cli, "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
+            "--model", SERVED, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+            "--random-range-ratio", "0", "--num-prompts", str(NUM_PROMPTS), "--max-concurrency", str(CONCURRENCY),
+            "--ignore-eos", "--temperature", "0", "--num-warmups", "1", "--seed", str(seed), "--disable-tqdm",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
+            "--save-result", "--result-dir", str(out), "--result-filename", name]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(out)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data: dict[str, Any] = json.loads((out / name).read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def both(server: ServerProcess, demo_model: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("bench")
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "bench": []}
+    for round_ in range(ROUNDS):
+        runs["ours"].append(_ours(server.base_url))
+        runs["bench"].append(_bench(server.base_url, demo_model, out, seed=round_))
+    keys = ("output_throughput", "median_ttft_ms", "median_itl_ms", "total_input_tokens", "completed", "failed")
+    report = {tool: [{k: r.get(k) for k in keys} for r in rs] for tool, rs in runs.items()}
+    (out / "crosscheck.json").write_text(json.dumps(report, indent=1))
+    log.warning("cross-check runs: %s", json.dumps(report))
+    return runs
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.fmean(float(r[key]) for r in runs)
+
+
+def _rel(ours: float, theirs: float) -> float:
+    return abs(ours - theirs) / theirs
+
+
+def test_every_request_completes_in_both(both: dict[str, list[dict[str, Any]]]) -> None:
+    for tool, runs in both.items():
+        for r in runs:
+            assert r["completed"] == NUM_PROMPTS and r["failed"] == 0, (tool, r)
+            assert r["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN, (tool, r)
+
+
+def test_prompts_are_the_same_size(both: dict[str, list[dict[str, Any]]]) -> None:
+    ours, theirs = _mean(both["ours"], "total_input_tokens"), _mean(both["bench"], "total_input_tokens")
+    assert _rel(ours, theirs) <= 0.05, (ours, theirs)
+
+
+def test_output_throughput_within_5_percent(both: dict[str, list[dict[str, Any]]]) -> None:
+    ours, theirs = _mean(both["ours"], "output_throughput"), _mean(both["bench"], "output_throughput")
+    assert _rel(ours, theirs) <= 0.05, f"ours {ours:.1f} tok/s vs vllm bench {theirs:.1f} tok/s"
+
+
+@pytest.mark.parametrize("key", ["median_ttft_ms", "median_itl_ms"])
+def test_median_latency_within_10_percent(both: dict[str, list[dict[str, Any]]], key: str) -> None:
+    ours, theirs = _mean(both["ours"], key), _mean(both["bench"], key)
+    assert _rel(ours, theirs) <= 0.10, f"{key}: ours {ours:.2f} ms vs vllm bench {theirs:.2f} ms"

@@ -1,0 +1,215 @@
+"""Command line of the scale-out modes: ``dsv4-tune worker`` and ``dsv4-tune run --backend ray``.
+
+The main CLI wires these in with one call::
+
+    scaleout = cli_scaleout.add_commands(sub)          # registers `worker`; returns {"worker": ..., "ray": ...}
+    cli_scaleout.add_run_args(run)                      # --backend, --ray-address, ... on the `run` parser
+    ...
+    if args.command == "run" and args.backend == "ray":
+        return scaleout["ray"](args)
+
+Until then both run standalone: ``python -m tuner.cli_scaleout worker ...`` and
+``python -m tuner.cli_scaleout run --backend ray ...`` (the same parser as ``dsv4-tune run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+
+from tuner.errors import TunerError, UsageError
+
+log = logging.getLogger(__name__)
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def add_commands(sub: argparse._SubParsersAction) -> dict[str, Command]:  # type: ignore[type-arg]
+    """Register ``worker``; return the runners: ``worker`` and ``ray`` (for ``run --backend ray``)."""
+    worker = sub.add_parser("worker", help="join a study shared on PostgreSQL and run its trials on this node")
+    worker.add_argument("--storage", help="Optuna storage URL, e.g. postgresql://USER@HOST:5432/DB "
+                        "(default: $DSV4_TUNE_STORAGE; keep the password there or in $PGPASSWORD)")
+    worker.add_argument("--study", required=True, help="name of the shared study")
+    worker.add_argument("--worker-id", default=None,
+                        help="this worker's name, unique per node (default: the hostname); two workers on "
+                        "one node need two ids")
+    worker.add_argument("--runs-dir", type=Path, default=Path("runs"),
+                        help="where trial folders go; share it between nodes (NFS) so export works anywhere")
+    worker.add_argument("--heartbeat-interval", type=_positive_int, default=30, metavar="S",
+                        help="seconds between heartbeats of a running trial (default 30)")
+    worker.add_argument("--grace-period", type=_positive_int, default=None, metavar="S",
+                        help="a trial without a heartbeat for this long is re-queued (default 4 × interval)")
+    worker.add_argument("--max-retry", type=_count, default=3, help="times a dead worker's trial is re-queued")
+    worker.add_argument("--on-mismatch", choices=("refuse", "label"), default="refuse",
+                        help="when this node differs from the study's (GPU, driver, vLLM): refuse to join, or "
+                        "report into a separate study <study>.<fingerprint>")
+    worker.add_argument("--budget", help="stop this worker before this much wall time is spent, e.g. 8h")
+    worker.add_argument("--launch-lock", type=Path, default=None,
+                        help="a lock file that serializes launches of workers sharing one machine's devices")
+    new = worker.add_argument_group("creating the study (first worker only; ignored if it exists)")
+    new.add_argument("--hw", help="hardware profile name or YAML path")
+    new.add_argument("--objective", default="throughput")
+    new.add_argument("--model")
+    new.add_argument("--trials", type=_positive_int, help="launches for the whole study (all workers together)")
+    new.add_argument("--seed", type=int, default=0)
+    new.add_argument("--vllm-cmd", default="vllm")
+    new.add_argument("--port", type=int)
+    new.add_argument("--slo", action="append", default=[], metavar="KEY=MS")
+    new.add_argument("--ready-timeout", type=float)
+    new.add_argument("--guards")
+    return {"worker": cmd_worker, "ray": cmd_ray}
+
+
+def add_run_args(run: argparse.ArgumentParser) -> None:
+    """The ``run`` parser's scale-out options."""
+    group = run.add_argument_group("scale-out over a Ray cluster")
+    group.add_argument("--backend", choices=("local", "ray"), default="local",
+                       help="local: trials one after another on this node; ray: trials as Ray Tune trials, "
+                       "one node each")
+    group.add_argument("--ray-address", default=None,
+                       help="Ray cluster address, e.g. 10.0.0.1:6379 (default: $RAY_ADDRESS, else 'auto')")
+    group.add_argument("--max-concurrent-trials", type=_positive_int, default=None,
+                       help="trials at once (default: the number of nodes that can hold one trial)")
+    group.add_argument("--gpus-per-trial", type=_count, default=None,
+                       help="GPUs each trial reserves (default: the profile's device_count; 0 on CPU profiles)")
+    group.add_argument("--max-retries", type=_count, default=2,
+                       help="times a trial whose node died is retried on another node (default 2)")
+    group.add_argument("--on-mismatch", choices=("refuse", "label"), default="refuse",
+                       help="a trial on a node unlike the study's first: refuse (FAIL, not ranked) or label")
+
+
+def _install_signal_handlers() -> None:
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+
+
+def _creation_record(args: argparse.Namespace) -> object | None:
+    if not args.hw:
+        return None
+    from tuner.cli import parse_guards, parse_slos
+    from tuner.study import new_record
+
+    return new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
+                      vllm_cmd=args.vllm_cmd, port=args.port, trials=args.trials, budget_s=None, seed=args.seed,
+                      slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
+                      guards=parse_guards(args.guards))
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from tuner.cli import parse_duration
+    from tuner.study import StudyRecord, best_feasible_trial
+    from tuner.worker import WorkerOptions, run_worker
+
+    record = _creation_record(args)
+    assert record is None or isinstance(record, StudyRecord)
+    options = WorkerOptions(worker_id=args.worker_id or socket.gethostname(), launch_lock=args.launch_lock,
+                            on_mismatch=args.on_mismatch,
+                            budget_s=parse_duration(args.budget) if args.budget else None)
+    _install_signal_handlers()
+    try:
+        study = run_worker(args.study, args.runs_dir, options, storage_url=args.storage,
+                           heartbeat_interval_s=args.heartbeat_interval, grace_period_s=args.grace_period,
+                           max_retry=args.max_retry, create=record)
+    except KeyboardInterrupt:
+        log.warning("worker %s stopped; its trial went back to the queue", options.worker_id)
+        return 130
+    best = best_feasible_trial(study)
+    log.info("worker %s done; best so far: %s", options.worker_id,
+             f"trial {best.number} = {best.value:.2f}" if best is not None and best.value is not None else "none")
+    return 0
+
+
+def cmd_ray(args: argparse.Namespace) -> int:
+    """``dsv4-tune run --backend ray ...``: the same study, its trials spread over a Ray cluster."""
+    from tuner.cli import parse_duration, parse_guards, parse_slos
+    from tuner.engine import resolve_vllm_cmd
+    from tuner.export import export_best
+    from tuner.ray_backend import RayOptions, run_study
+    from tuner.study import Study, best_feasible_trial, new_record
+
+    budget_s = parse_duration(args.budget) if args.budget else None
+    record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
+                        vllm_cmd=args.vllm_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
+                        seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
+                        guards=parse_guards(args.guards))
+    resolve_vllm_cmd(record.vllm_cmd)
+    if record.trials is None and record.budget_s is None:
+        raise UsageError("give --trials N or --budget DURATION (or both), so the study knows when to stop")
+    study = Study.create(record, args.runs_dir)
+    options = RayOptions(address=args.ray_address, max_concurrent_trials=args.max_concurrent_trials,
+                         gpus_per_trial=args.gpus_per_trial, max_retries=args.max_retries,
+                         on_mismatch=args.on_mismatch)
+    _install_signal_handlers()
+    try:
+        optuna_study = run_study(study, options)
+    except KeyboardInterrupt:
+        log.warning("stopped; finished trials are kept in %s", study.path)
+        return 130
+    best = best_feasible_trial(optuna_study)
+    if best is None:
+        log.error("no trial passed its gates and met its SLOs; see %s", study.path / "trials.csv")
+        return 1
+    log.info("best: trial %d, %s = %.2f", best.number, study.objective.metric, best.value or 0.0)
+    if not args.no_export:
+        log.info("exported: %s", export_best(study))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry point, until the main CLI carries these commands."""
+    from tuner import cli
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    commands = add_commands(sub)
+    add_run_args(sub.choices["run"])
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        if args.command == "worker":
+            return commands["worker"](args)
+        if args.command == "run" and args.backend == "ray":
+            return commands["ray"](args)
+        parser.error("standalone use: `worker ...` or `run --backend ray ...`")
+    except UsageError as exc:
+        log.error("%s", exc)
+        return 2
+    except TunerError as exc:
+        log.error("%s", exc)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Checks that run before a launch, so no launch is spent on a configuration that cannot work.
+
+1. The feasibility model (memory, KV capacity, rules), where the study serves a catalogued checkpoint.
+2. vLLM's own argument parser and engine-args checks, where vLLM is importable in this environment
+   (``prevalidate``: ``auto`` = when it imports, ``on`` = required, ``off`` = never; turn it off when
+   ``--vllm-cmd`` runs another vLLM version, e.g. in a container).
+
+A refused configuration is recorded as a trial that violated its constraints, with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import UsageError
+from tuner.failures import FailureClass
+from tuner.objective import Objective
+from tuner.space import HardwareProfile, ServeConfig
+
+if TYPE_CHECKING:
+    from tuner.checkpoints import Checkpoint
+    from tuner.trial import TrialContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    failure_class: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class PreLaunch:
+    def __init__(self, profile: HardwareProfile, checkpoint: Checkpoint | None, objective: Objective,
+                 prevalidate: str) -> None:
+        self.profile = profile
+        self.checkpoint = checkpoint
+        self.objective = objective
+        self.validate = self._decide_validation(prevalidate)
+
+    @staticmethod
+    def _decide_validation(mode: str) -> bool:
+        if mode == "off":
+            return False
+        from tuner.vllm_validate import vllm_available
+
+        available = vllm_available()
+        if mode == "on" and not available:
+            raise UsageError("--prevalidate on, but vLLM cannot be imported here. Fix: install vLLM in the "
+                             "tuner's environment, or use --prevalidate off")
+        return available
+
+    def check(self, config: ServeConfig, ctx: TrialContext) -> Refusal | None:
+        if self.checkpoint is not None:
+            from tuner import feasibility
+
+            verdict = feasibility.check(self.profile, config, self.checkpoint, self.objective.workload)
+            if not verdict.ok:
+                return Refusal(FailureClass.INFEASIBLE.value, f"pruned by the feasibility model: {verdict.reason}",
+                               {"kv_tokens_per_rank": verdict.kv_tokens_per_rank,
+                                "max_concurrency": verdict.max_concurrency,
+                                "memory_gib": verdict.memory.as_gib()})
+        if self.validate:
+            from tuner.vllm_validate import validate_options
+
+            options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=ctx.port or 8000,
+                                               served_model_name=ctx.served_model_name)
+            problems = validate_options(options)
+            if problems:
+                return Refusal(FailureClass.BAD_FLAG.value,
+                               "rejected by vLLM's own argument checks before launch: " + "; ".join(problems),
+                               {"problems": problems})
+        return None

@@ -1,0 +1,271 @@
+"""The morning report: ``runs/<study>/report.md`` and ``report.html``, with PNG plots.
+
+    throughput against p95 TTFT and p95 ITL for every trial, Pareto front marked
+    best value so far, by trial
+    parameter importance (Optuna's evaluator, feasible trials)
+    failure reasons counted
+    the top trials with their flags; confirmations; speculative vs control
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner import store
+from tuner.engine import options_to_argv
+from tuner.study import Study
+
+log = logging.getLogger(__name__)
+
+TOP_K = 5
+
+
+def _launched(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "duplicate_of" not in t.user_attrs]
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated when maximizing x (throughput) and minimizing y (latency)."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        dominated = any((x2 >= x and y2 <= y) and (x2 > x or y2 < y) for j, (x2, y2) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return front
+
+
+def _plot_tradeoff(trials: list[FrozenTrial], latency_key: str, out: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(float(t.user_attrs["output_throughput"]), float(t.user_attrs[latency_key]),
+             bool(t.user_attrs.get("feasible")), t.number)
+            for t in trials if latency_key in t.user_attrs and "output_throughput" in t.user_attrs]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for feasible, colour, label in ((True, "tab:green", "met SLOs"), (False, "tab:red", "missed an SLO")):
+        pts = [(x, y) for x, y, f, _ in rows if f == feasible]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], c=colour, label=label, alpha=0.8)
+    front = sorted((rows[i] for i in pareto_front([(r[0], r[1]) for r in rows])), key=lambda r: r[0])
+    ax.plot([r[0] for r in front], [r[1] for r in front], "k--", lw=1, label="Pareto front")
+    for x, y, _, number in rows:
+        ax.annotate(str(number), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("output tok/s")
+    ax.set_ylabel(latency_key.replace("_", " "))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _plot_progress(study: optuna.Study, trials: list[FrozenTrial], out: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    xs, best, current = [], [], None
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.user_attrs.get("feasible") and t.value is not None:
+            value = float(t.value)
+            current = value if current is None else (max(current, value) if maximize else min(current, value))
+        if current is not None:
+            xs.append(t.number)
+            best.append(current)
+    if not xs:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.step(xs, best, where="post")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("best feasible value so far")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def importances(study: optuna.Study) -> dict[str, float]:
+    feasible = [t for t in _launched(study) if t.user_attrs.get("feasible")]
+    if len(feasible) < 3:
+        return {}
+    try:
+        return dict(optuna.importance.get_param_importances(
+            study, target=lambda t: float(t.value or 0.0) if t.user_attrs.get("feasible") else 0.0))
+    except (RuntimeError, ValueError, ZeroDivisionError) as exc:
+        log.info("parameter importance not available: %s", exc)
+        return {}
+
+
+def _plot_bars(data: dict[str, float], title: str, out: Path) -> Path | None:
+    if not data:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(data)[::-1]
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(names) + 1.2))
+    ax.barh(names, [data[n] for n in names])
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def failure_counts(study: optuna.Study) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for t in study.get_trials(deepcopy=False):
+        if "duplicate_of" in t.user_attrs or t.state == TrialState.WAITING:
+            continue
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible"):
+            continue
+        counts[str(t.user_attrs.get("failure_class") or t.state.name.lower())] += 1
+    return dict(counts.most_common())
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _flags(study_obj: Study, trial: FrozenTrial) -> str:
+    path = study_obj.path / str(trial.user_attrs.get("trial_dir", "")) / "config.json"
+    if not path.is_file():
+        return ""
+    args = store.read_json(path).get("args", {})
+    fixed = set(study_obj.profile.server.fixed)
+    return " ".join(options_to_argv({k: v for k, v in args.items() if k not in fixed}))
+
+
+def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path]) -> str:
+    obj = study_obj.objective
+    trials = _launched(study)
+    maximize = obj.direction == "maximize"
+    ranked = sorted((t for t in trials if t.user_attrs.get("feasible") and t.value is not None),
+                    key=lambda t: float(t.value or 0.0), reverse=maximize)
+    winner = study_obj.winner(study)
+    lines = [f"# dsv4-tune report: {study_obj.record.name}", "",
+             f"- hardware profile: `{study_obj.profile.name}` ({study_obj.profile.hardware.device_count}× "
+             f"{study_obj.profile.hardware.device_name})",
+             f"- objective: `{obj.name}`: {obj.direction} `{obj.metric}`; SLOs {json.dumps(obj.slos)}; "
+             f"guards {study_obj.guard_names() or 'none'}",
+             f"- workload: {obj.workload.model_dump_json()}",
+             f"- trials: {len(trials)} told ({sum(1 for t in trials if t.user_attrs.get('launched', True))} "
+             f"launched), {len(ranked)} feasible",
+             ""]
+    if winner is not None:
+        state = "confirmed" if winner.confirmed else "unconfirmed: single screening run"
+        lines += [f"**Winner: trial {winner.trial}, {obj.metric} = {winner.value:.2f} ({state}).** "
+                  f"Launch files: `best/profile.yaml`, `best/serve.sh`.", ""]
+    else:
+        lines += ["**No trial passed its gates and met its SLOs.**", ""]
+    for key, title in (("ttft", "Throughput against p95 TTFT"), ("itl", "Throughput against p95 ITL"),
+                       ("progress", "Best feasible value so far"), ("importance", "Parameter importance"),
+                       ("failures", "Failure reasons")):
+        if key in images:
+            lines += [f"## {title}", "", f"![{title}]({images[key].name})", ""]
+    lines += [f"## Top {TOP_K} feasible trials", "",
+              _table(["trial", obj.metric, "p95 TTFT ms", "p95 ITL ms", "flags"],
+                     [[t.number, f"{t.value:.2f}", f"{t.user_attrs.get('p95_ttft_ms', float('nan')):.1f}",
+                       f"{t.user_attrs.get('p95_itl_ms', float('nan')):.1f}", f"`{_flags(study_obj, t)}`"]
+                      for t in ranked[:TOP_K]]), ""]
+    confirmations = study_obj.confirmations(study)
+    if confirmations:
+        lines += ["## Confirmation runs (median − k·MAD over repeats)", "",
+                  _table(["trial", "control of", "repeats", "median", "MAD", "robust", "accepted", "why"],
+                         [[c.trial, c.control_of if c.control_of is not None else "",
+                           ", ".join(f"{v:.1f}" for v in c.values), f"{c.median:.2f}", f"{c.mad:.2f}",
+                           f"{c.robust:.2f}", c.accepted, c.reason] for c in confirmations]), ""]
+    counts = failure_counts(study)
+    lines += ["## Failures", "", _table(["class", "trials"], [[k, v] for k, v in counts.items()]) if counts
+              else "None.", ""]
+    failed = [t for t in trials if not t.user_attrs.get("feasible")]
+    if failed:
+        lines += ["### Why each failed", "",
+                  _table(["trial", "class", "reason"],
+                         [[t.number, t.user_attrs.get("failure_class", ""),
+                           str(t.user_attrs.get("reason", ""))[:200]] for t in failed]), ""]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_to_html(markdown: str, title: str) -> str:
+    """A small converter for the report's own markdown (headings, bullets, tables, images)."""
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+           "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
+           "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}code{font-size:12px}</style></head><body>"]
+    in_table = False
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            if set(line) <= set("|-"):
+                continue
+            if not in_table:
+                out.append("<table>")
+                in_table = True
+                out.append("<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cells) + "</tr>")
+            else:
+                out.append("<tr>" + "".join(f"<td>{html.escape(c.strip('`'))}</td>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if line.startswith("!["):
+            alt, src = line[2:].split("](", 1)
+            out.append(f"<img alt='{html.escape(alt)}' src='{html.escape(src.rstrip(')'))}'>")
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
+        elif line.startswith("- "):
+            out.append(f"<p>• {html.escape(line[2:])}</p>")
+        elif line.strip():
+            out.append(f"<p>{html.escape(line.replace('**', ''))}</p>")
+    if in_table:
+        out.append("</table>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_report(study_obj: Study, study: optuna.Study) -> Path:
+    """Write report.md, report.html and their plots into the study folder; return report.md."""
+    folder = study_obj.path
+    trials = _launched(study)
+    images: dict[str, Path] = {}
+    for key, latency in (("ttft", "p95_ttft_ms"), ("itl", "p95_itl_ms")):
+        made = _plot_tradeoff(trials, latency, folder / f"plot_throughput_vs_{key}.png")
+        if made:
+            images[key] = made
+    made = _plot_progress(study, trials, folder / "plot_progress.png")
+    if made:
+        images["progress"] = made
+    made = _plot_bars(importances(study), "parameter importance", folder / "plot_importance.png")
+    if made:
+        images["importance"] = made
+    made = _plot_bars({k: float(v) for k, v in failure_counts(study).items()}, "failures by class",
+                      folder / "plot_failures.png")
+    if made:
+        images["failures"] = made
+    markdown = build_markdown(study_obj, study, images)
+    store.write_text(folder / "report.md", markdown)
+    store.write_text(folder / "report.html", markdown_to_html(markdown, f"dsv4-tune {study_obj.record.name}"))
+    study_obj.write_trials_table(study)
+    return folder / "report.md"
