@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -138,7 +139,7 @@ def main() -> None:
                       f"{row.get('completed', '-')} | {row.get('failed', '-')} | "
                       f"{'-' if cpu is None else f'{cpu:.0%}'} | {row.get('client_saturated', '-')} |", flush=True)
     finally:
-        standin.terminate()
+        os.killpg(standin.pid, signal.SIGTERM)  # the stand-in's forked workers too
         standin.wait(timeout=10)
     if args.json:
         args.json.write_text(json.dumps({"cpus": os.cpu_count(), "output_len": args.output_len,

@@ -68,6 +68,9 @@ def read_yaml(path: Path) -> Any:
         raise CatalogError(path, "", "not UTF-8 text", "save the file as UTF-8 YAML") from exc
     try:
         return yaml.safe_load(text)
+    except RecursionError as exc:
+        raise CatalogError(path, "", "YAML nested too deeply to read",
+                           "flatten the file; catalogs need only a few levels of nesting") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -148,5 +151,8 @@ def load_model(path: Path, model: type[M]) -> M:
                            "start the file with the keys of this catalog kind (see a shipped example)")
     try:
         return model.model_validate(data)
+    except RecursionError as exc:
+        raise CatalogError(path, "(top level)", "values nested too deeply",
+                           "flatten the file; catalogs need only a few levels of nesting") from exc
     except ValidationError as exc:
         raise format_validation_error(path, exc, model) from exc

@@ -305,7 +305,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     budget_s = parse_duration(args.budget) if args.budget else None
     report = plan.build_plan(args.hw, args.objective, budget_s, args.checkpoint)
-    console.print(plan.format_plan(report), markup=False)
+    console.print(plan.format_plan(report), markup=False, soft_wrap=True)
     return 0
 
 

@@ -190,11 +190,13 @@ class StandInServer:
                     await asyncio.sleep(b.itl_s)
                 finish = '"length"' if i == n_out - 1 else "null"
                 if chat:
-                    choice = f'{{"index":0,"delta":{{"content":"tok{i}"}},"finish_reason":{finish}}}'
+                    choice = f'{{"index":0,"delta":{{"content":"tok{i}"}},"finish_reason":{finish},"stop_reason":null}}'
                 else:
-                    choice = f'{{"index":0,"text":"tok{i}","logprobs":null,"finish_reason":{finish}}}'
-                event = (f'data: {{"id":"cmpl-standin","object":"{obj}","model":"standin",'
-                         f'"choices":[{choice}]}}\n\n').encode()
+                    choice = (f'{{"index":0,"text":"tok{i}","logprobs":null,"finish_reason":{finish},'
+                              '"stop_reason":null}')
+                # vLLM-sized events (~200 bytes): id, created, model, choices, usage null.
+                event = (f'data: {{"id":"cmpl-standin-0123456789abcdef","object":"{obj}",'
+                         f'"created":1764460800,"model":"standin","choices":[{choice}],"usage":null}}\n\n').encode()
                 writer.write(b"%x\r\n%s\r\n" % (len(event), event))
                 self.stats.generation_tokens[engine] += 1
                 await writer.drain()

@@ -133,9 +133,6 @@ def test_nasty_yaml_is_a_catalog_error(text: str) -> None:
     _check(text)
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="BUG: catalog.read_yaml lets PyYAML's RecursionError on deeply nested YAML escape "
-                          "as a traceback instead of a CatalogError")
 def test_deeply_nested_yaml_is_a_catalog_error() -> None:
     _check("[" * 2000)
 
