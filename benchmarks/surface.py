@@ -268,9 +268,9 @@ def _tell(study: optuna.Study, trial: optuna.Trial, m: Measurement, failures: Fa
     study.tell(trial, m.output_tok_s if m.launched else 0.0)
 
 
-def run_order(points: Sequence[Mapping[str, Any]], n_launches: int, profile: HardwareProfile = PROFILE) -> list[float]:
+def run_order(points: Sequence[Mapping[str, Any]], n_launches: int, profile: HardwareProfile = PROFILE) -> Trace:
     """A fixed list of configurations in order (a grid, as ``vllm bench sweep serve`` runs it)."""
-    out: list[float] = []
+    out = Trace()
     seen: set[str] = set()
     for p in points:
         if len(out) >= n_launches:
@@ -280,7 +280,7 @@ def run_order(points: Sequence[Mapping[str, Any]], n_launches: int, profile: Har
             continue
         seen.add(config.key())
         true = true_metrics(config.params)
-        out.append(true.output_tok_s if true.feasible else 0.0)
+        out.append(true.output_tok_s if true.feasible else 0.0, launched=true.launched)
     return out
 
 

@@ -32,6 +32,7 @@ from tuner.space import ServeConfig
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class TrialContext:
     """What every trial of a study shares."""

@@ -1,0 +1,74 @@
+"""Confirmation statistics, goodput, the Pareto front and the report's HTML."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tuner.confirm import ConfirmSpec, judge, mad, pick_winner, robust_score
+from tuner.goodput import request_goodput
+from tuner.loadgen import LoadResult, RequestRecord
+from tuner.report import markdown_to_html, pareto_front
+
+
+def test_mad_and_robust_score() -> None:
+    assert mad([10.0, 12.0, 11.0, 30.0]) == pytest.approx(1.0)
+    assert robust_score([10.0, 12.0, 11.0], k=1.0, maximize=True) == pytest.approx(10.0)
+    assert robust_score([10.0, 12.0, 11.0], k=2.0, maximize=False) == pytest.approx(13.0)
+    assert math.isnan(mad([]))
+
+
+def test_judge_accepts_agreeing_repeats_and_rejects_spread() -> None:
+    spec = ConfirmSpec(max_spread=0.2, mad_k=1.0)
+    ok = judge(3, "k", [100.0, 104.0, 98.0], all_feasible=True, spec=spec, maximize=True, trial_dir="t",
+               speculative=False)
+    assert ok.accepted and ok.median == 100.0 and ok.robust == pytest.approx(98.0)
+    noisy = judge(4, "k", [60.0, 100.0, 130.0], all_feasible=True, spec=spec, maximize=True, trial_dir="t",
+                  speculative=False)
+    assert not noisy.accepted and "disagree" in noisy.reason
+    missed = judge(5, "k", [100.0, 101.0], all_feasible=False, spec=spec, maximize=True, trial_dir="t",
+                   speculative=False)
+    assert not missed.accepted and "SLO" in missed.reason
+    crashed = judge(6, "k", [], all_feasible=False, spec=spec, maximize=True, trial_dir="t", speculative=False,
+                    failure="oom: killed")
+    assert not crashed.accepted and crashed.reason == "oom: killed"
+
+
+def test_winner_is_best_robust_not_best_median() -> None:
+    spec = ConfirmSpec(max_spread=1.0, mad_k=2.0)
+    steady = judge(1, "a", [100.0, 101.0, 99.0], all_feasible=True, spec=spec, maximize=True, trial_dir="a",
+                   speculative=False)
+    lucky = judge(2, "b", [80.0, 104.0, 130.0], all_feasible=True, spec=spec, maximize=True, trial_dir="b",
+                  speculative=True)
+    assert lucky.median > steady.median
+    winner = pick_winner([steady, lucky], maximize=True)
+    assert winner is not None and winner.trial == 1
+    assert pick_winner([], maximize=True) is None
+
+
+def _rec(ttft_s: float, e2e_s: float, tokens: int, ok: bool = True) -> RequestRecord:
+    return RequestRecord(ok=ok, error="" if ok else "boom", prompt_tokens=8, output_tokens=tokens, start_s=0.0,
+                         ttft_s=ttft_s if ok else None, itl_s=(), e2e_s=e2e_s)
+
+
+def test_goodput_counts_requests_meeting_every_limit() -> None:
+    records = (_rec(0.1, 1.1, 11),   # tpot 100 ms: good
+               _rec(0.1, 2.1, 11),   # tpot 200 ms: too slow
+               _rec(0.9, 1.0, 2),    # ttft 900 ms: too slow
+               _rec(0.1, 0.2, 2, ok=False))
+    result = LoadResult(records=records, duration_s=2.0, concurrency=4, request_rate=None)
+    assert request_goodput(result, {"ttft_ms": 500, "tpot_ms": 150}) == pytest.approx(0.5)
+    assert request_goodput(result, {}) == pytest.approx(1.5)
+
+
+def test_pareto_front_max_throughput_min_latency() -> None:
+    points = [(100.0, 50.0), (120.0, 60.0), (90.0, 70.0), (120.0, 55.0), (80.0, 20.0)]
+    assert sorted(pareto_front(points)) == [0, 3, 4]
+
+
+def test_markdown_to_html_escapes_and_tabulates() -> None:
+    page = markdown_to_html("# T <x>\n\n| a | b |\n|---|---|\n| 1 | `<b>` |\n\n![plot](p.png)\n", "t")
+    assert "<h1>T &lt;x&gt;</h1>" in page
+    assert "<th>a</th>" in page and "<td>&lt;b&gt;</td>" in page
+    assert "src='p.png'" in page

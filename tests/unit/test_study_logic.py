@@ -1,0 +1,159 @@
+"""The study layer's logic, driven by a cheap synthetic response surface in place of launches.
+
+``tuner.study.run_trial`` is replaced by a deterministic function of the configuration (a known
+surface with a failing region and an SLO-violating region). The real launch path is covered by
+tests/integration; here we check what the study does with outcomes: constraints, de-duplication,
+controls, confirmation, budget and resume.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from optuna.trial import TrialState
+
+import tuner.study as study_mod
+from tuner.confirm import ConfirmSpec
+from tuner.space import ServeConfig
+from tuner.study import Study, new_record
+from tuner.trial import TrialContext, TrialOutcome
+
+
+def surface(config: ServeConfig) -> tuple[bool, float, tuple[float, ...], str | None]:
+    """(ran, value, constraints, failure class) for one configuration."""
+    args = config.args
+    if args.get("block-size") == 16:
+        return False, 0.0, (1.0, 1.0, 1.0, 1.0), "bad_flag"
+    value = 100.0 + 10.0 * [4, 8, 16, 32, 64].index(int(args["max-num-seqs"]))
+    value += 15.0 if args.get("kv-cache-dtype") == "fp8" else 0.0
+    value += 8.0 * config.draft_tokens
+    itl_margin = 0.5 if int(args["max-num-seqs"]) == 64 else -0.5  # the SLO binds at the top
+    return True, value, (-0.5, itl_margin, 0.0, 0.0), None
+
+
+@pytest.fixture()
+def fake_launches(monkeypatch: pytest.MonkeyPatch) -> list[ServeConfig]:
+    launched: list[ServeConfig] = []
+
+    def fake_run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *, should_stop: Any = None,
+                       on_phase: Any = None, repeats: int = 1) -> TrialOutcome:
+        launched.append(config)
+        ran, value, constraints, failure = surface(config)
+        tdir.mkdir(parents=True, exist_ok=True)
+        (tdir / "config.json").write_text(json.dumps({"args": config.args}))
+        feasible_failure = None if all(c <= 0 for c in constraints) else "slo_violated"
+        return TrialOutcome(ok=ran, value=value, constraints=constraints,
+                            failure_class=failure or (feasible_failure if ran else None),
+                            reason="synthetic", summary={"output_throughput": value}, server_metrics={},
+                            ready_s=1.0, duration_s=100.0, trial_dir=str(tdir), config_key=config.key(),
+                            repeat_values=tuple([value] * repeats) if ran else ())
+
+    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    return launched
+
+
+def _study(tmp_path: Path, *, trials: int | None, budget_s: float | None = None, top_k: int = 0,
+           name: str = "s") -> Study:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    record = new_record(name=name, hw="cpu", objective="throughput", model=str(model), vllm_cmd=sys.executable,
+                        port=None, trials=trials, budget_s=budget_s, seed=1, slo_overrides={},
+                        ready_timeout_s=None, prevalidate="off", confirm=ConfirmSpec(top_k=top_k, repeats=2))
+    return Study.create(record, tmp_path / "runs")
+
+
+def test_failures_are_complete_with_violated_constraints(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:
+    study_obj = _study(tmp_path, trials=12)
+    optuna_study = study_obj.run()
+    told = [t for t in optuna_study.trials if "duplicate_of" not in t.user_attrs]
+    assert len([t for t in told if t.state == TrialState.COMPLETE]) == 12
+    failed = [t for t in told if t.user_attrs.get("failure_class") == "bad_flag"]
+    for t in failed:
+        assert t.state == TrialState.COMPLETE
+        assert all(v > 0 for v in t.constraints.values())
+    assert optuna_study.trials[0].user_attrs.get("baseline") == "vllm-defaults"
+
+
+def test_never_launches_the_same_configuration_twice(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:
+    _study(tmp_path, trials=16).run()
+    keys = [c.key() for c in fake_launches]
+    assert len(keys) == len(set(keys))
+
+
+def test_speculative_trials_are_followed_by_their_control(tmp_path: Path,
+                                                          fake_launches: list[ServeConfig]) -> None:
+    _study(tmp_path, trials=10).run()
+    keys = {c.key() for c in fake_launches}
+    for index, config in enumerate(fake_launches[:-1]):
+        if config.is_speculative:
+            assert config.control().key() in keys, f"launch {index} has no control"
+
+
+def test_sampler_finds_the_feasible_optimum_region(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:
+    optuna_study = _study(tmp_path, trials=25).run()
+    best = study_mod.best_feasible_trial(optuna_study)
+    assert best is not None
+    # feasible optimum: max-num-seqs 32, fp8, 4 draft tokens = 100 + 30 + 15 + 32 = 177
+    assert best.value is not None and best.value >= 0.9 * 177.0
+    assert best.params["max-num-seqs"] != 64  # the SLO-violating region never wins
+
+
+def test_confirmation_runs_top_k_and_controls(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:
+    study_obj = _study(tmp_path, trials=8, top_k=2)
+    optuna_study = study_obj.run()
+    confirmations = study_obj.confirmations(optuna_study)
+    assert 2 <= len(confirmations) <= 4
+    assert all(c.accepted for c in confirmations)
+    winner = study_obj.winner(optuna_study)
+    assert winner is not None and winner.confirmed
+    assert winner.value == max(c.median for c in confirmations)
+    for c in confirmations:
+        if c.speculative:
+            assert any(o.control_of == c.trial for o in confirmations)
+
+
+def test_budget_stops_before_a_trial_that_cannot_finish(tmp_path: Path,
+                                                        fake_launches: list[ServeConfig]) -> None:
+    # each synthetic trial "takes" 100 s; the first trial uses the profile's estimate (45 + 15 s)
+    study_obj = _study(tmp_path, trials=None, budget_s=70.0)
+    study_obj.run()
+    assert len(fake_launches) == 1
+
+
+def test_interrupt_marks_the_trial_and_resume_requeues_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          fake_launches: list[ServeConfig]) -> None:
+    study_obj = _study(tmp_path, trials=4)
+    real = study_mod.run_trial
+    calls = {"n": 0}
+
+    def interrupt_third(*args: Any, **kwargs: Any) -> TrialOutcome:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study_mod, "run_trial", interrupt_third)
+    with pytest.raises(KeyboardInterrupt):
+        study_obj.run()
+    interrupted = [t for t in study_obj.optuna_study().trials if t.user_attrs.get("interrupted")]
+    assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    resumed = Study.open("s", tmp_path / "runs")
+    optuna_study = resumed.run()
+    retried = [t for t in optuna_study.trials if t.user_attrs.get("retry_of") == interrupted[0].number]
+    assert len(retried) == 1 and retried[0].params == interrupted[0].params
+    done = [t for t in optuna_study.trials if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+    assert len(done) == 4
+
+
+def test_second_tuner_on_the_same_study_is_refused(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:
+    from tuner.errors import StudyLockedError
+    from tuner.study import StudyLock
+
+    study_obj = _study(tmp_path, trials=1)
+    with StudyLock(study_obj.path), pytest.raises(StudyLockedError, match="already being run"):
+        study_obj.run()
