@@ -36,7 +36,12 @@ sys.path.insert(0, str(HERE.parent))
 
 import surface  # noqa: E402
 
-from tuner.study import make_sampler  # noqa: E402
+
+def make_sampler(seed: int, n_startup_trials: int = 4) -> optuna.samplers.BaseSampler:
+    """The study's sampler (imported late: ``tuner.study`` pulls in the whole tuner)."""
+    from tuner.study import make_sampler as study_sampler
+
+    return study_sampler(seed, n_startup_trials=n_startup_trials)
 
 
 def _quiet(factory: Callable[[int], optuna.samplers.BaseSampler]) -> Callable[[int], optuna.samplers.BaseSampler]:
@@ -63,10 +68,12 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
     Spec("tpe-study-fail", "same, but failed launches told FAIL (Optuna drops them)", _quiet(make_sampler),
          failures="fail"),
     Spec("tpe-study-10", "make_sampler(n_startup_trials=10)", _quiet(lambda s: make_sampler(s, n_startup_trials=10))),
-    Spec("tpe-independent", "TPE, univariate, 4 startup",
-         _quiet(lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=4))),
-    Spec("tpe-multivariate", "TPE multivariate, no group, 4 startup",
+    Spec("tpe-independent", "TPE, univariate (multivariate=False), 4 startup",
+         _quiet(lambda s: optuna.samplers.TPESampler(seed=s, multivariate=False, n_startup_trials=4))),
+    Spec("tpe-multivariate", "TPE multivariate, no group (Optuna 5's default), 4 startup",
          _quiet(lambda s: optuna.samplers.TPESampler(seed=s, multivariate=True, n_startup_trials=4))),
+    Spec("tpe-multivariate-10", "TPE multivariate, no group, 10 startup",
+         _quiet(lambda s: optuna.samplers.TPESampler(seed=s, multivariate=True, n_startup_trials=10))),
     Spec("gp", "GPSampler (constraints via set_constraint), 4 startup; needs scipy",
          _quiet(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=4))),
     Spec("random", "RandomSampler", _quiet(lambda s: optuna.samplers.RandomSampler(seed=s))),
@@ -74,29 +81,34 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
          order="grid"),
     Spec("grid-shuffled", "the same grid in a random order (Optuna GridSampler's behaviour)", order="grid-shuffled"),
 ]}
-DEFAULT_SAMPLERS = "tpe-study,tpe-study-fail,tpe-study-10,tpe-independent,tpe-multivariate,random,grid,grid-shuffled"
+DEFAULT_SAMPLERS = ("tpe-study,tpe-study-fail,tpe-study-10,tpe-independent,tpe-multivariate,tpe-multivariate-10,gp,"
+                    "random,grid,grid-shuffled")
 
 
-def run_one(spec: Spec, seed: int, launches: int, noise: float) -> dict[str, Any]:
+def run_one(spec: Spec, seed: int, launches: int, noise: float, space: str = "large") -> dict[str, Any]:
     started = time.process_time()
+    profile = surface.PROFILES[space]
     if spec.order is not None:
-        points = surface.sweep_grid()
+        points = surface.sweep_grid(profile)
         if spec.order == "grid-shuffled":
             random.Random(seed).shuffle(points)
-        trace = surface.run_order(points, launches)
+        trace = surface.run_order(points, launches, profile)
         values, failed = list(trace), list(trace.failed)
     else:
         assert spec.make is not None
-        result = surface.run_search(spec.make, seed, launches, failures=spec.failures, noise=noise)
+        result = surface.run_search(spec.make, seed, launches, failures=spec.failures, noise=noise, profile=profile)
         values, failed = list(result), list(result.failed)
-    return {"sampler": spec.name, "seed": seed, "launches": launches, "noise": noise, "values": values,
-            "failed": failed, "cpu_s": round(time.process_time() - started, 2)}
+    return {"sampler": spec.name, "surface": space, "seed": seed, "launches": launches, "noise": noise,
+            "values": values, "failed": failed, "cpu_s": round(time.process_time() - started, 2)}
 
 
 def load_cache(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for row in rows:
+        row.setdefault("surface", "large")
+    return rows
 
 
 @dataclass(frozen=True)
@@ -130,13 +142,15 @@ def summarize(rows: list[dict[str, Any]], sampler: str, launches: int, target: f
         cpu_s=statistics.mean(r["cpu_s"] for r in mine))
 
 
-def table(rows: list[dict[str, Any]], samplers: list[str], launches: int) -> str:
-    best, _params, feasible_share, near_share = surface.optimum()
+def table(rows: list[dict[str, Any]], samplers: list[str], launches: int, space: str = "large") -> str:
+    profile = surface.PROFILES[space]
+    best, _params, feasible_share, near_share = surface.optimum(profile)
     target = 0.95 * best
+    rows = [r for r in rows if r["surface"] == space]
     lines = [
-        f"surface: {sum(1 for _ in surface.all_params())} configurations, {feasible_share:.0%} feasible, "
-        f"{near_share:.3%} within 95 % of the feasible optimum ({best:.0f} tok/s; unconstrained best "
-        f"{surface.unconstrained_best():.0f}, infeasible under the ITL SLO)", "",
+        f"surface {space!r} ({profile.name}): {sum(1 for _ in surface.all_params(profile))} configurations, "
+        f"{feasible_share:.0%} feasible, {near_share:.3%} within 95 % of the feasible optimum ({best:.0f} tok/s; "
+        f"unconstrained best {surface.unconstrained_best(profile):.0f}, infeasible under the ITL SLO)", "",
         f"| sampler | seeds | median launches to 95 % | ≤ 30 | ≤ 50 | ≤ {launches} | median best/opt after 30 "
         "| failed launches in first 30 (mean) | CPU s per run | what |",
         "|---|---|---|---|---|---|---|---|---|---|"]
@@ -155,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samplers", default=DEFAULT_SAMPLERS, help=f"comma-separated, from: {', '.join(SPECS)}")
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed+seeds-1")
     parser.add_argument("--launches", type=int, default=100, help="launches per run (default 100)")
     parser.add_argument("--noise", type=float, default=0.03, help="log-normal sigma of every measurement")
+    parser.add_argument("--surface", choices=sorted(surface.PROFILES), default="large",
+                        help="large: the 4-GPU space with topology (default); small: the cpu profile's levers only")
     parser.add_argument("--cache", type=Path, default=HERE.parent / "runs" / "bench_samplers.jsonl")
     parser.add_argument("--table-only", action="store_true", help="print the table from the cache, run nothing")
     args = parser.parse_args(argv)
@@ -167,19 +184,21 @@ def main(argv: list[str] | None = None) -> int:
     args.cache.parent.mkdir(parents=True, exist_ok=True)
     rows = load_cache(args.cache)
     if not args.table_only:
-        done = {(r["sampler"], r["seed"]) for r in rows if r["launches"] >= args.launches and r["noise"] == args.noise}
+        done = {(r["sampler"], r["seed"]) for r in rows
+                if r["launches"] >= args.launches and r["noise"] == args.noise and r["surface"] == args.surface}
         for name in names:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 if (name, seed) in done:
                     continue
-                row = run_one(SPECS[name], seed, args.launches, args.noise)
+                row = run_one(SPECS[name], seed, args.launches, args.noise, args.surface)
                 rows.append(row)
                 with args.cache.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
-                print(f"{name} seed {seed}: best/opt {max(row['values']) / surface.optimum()[0]:.3f}, "
+                best = surface.optimum(surface.PROFILES[args.surface])[0]
+                print(f"{name} seed {seed}: best/opt {max(row['values']) / best:.3f}, "
                       f"{row['cpu_s']:.1f} CPU s", file=sys.stderr, flush=True)
     rows = [r for r in rows if r["noise"] == args.noise]
-    print(table(rows, names, args.launches))
+    print(table(rows, names, args.launches, args.surface))
     return 0
 
 

@@ -220,8 +220,8 @@ def _sweep_result(experiment: Path, args: argparse.Namespace) -> dict[str, Any]:
         data = json.loads(path.read_text())
         serve_params = {k: data[k] for k in SWEEP_GRID if k in data}
         margins = {k: (float(data.get(k, math.inf)) - limit) / limit for k, limit in slos.items()}
-        feasible = all(m <= 0 for m in margins.values()) and not data.get("failed")
-        trials.append({"params": serve_params, "value": data.get("output_throughput"), "feasible": feasible,
+        ok = all(m <= 0 for m in margins.values()) and not data.get("failed")
+        trials.append({"params": serve_params, "value": data.get("output_throughput"), "feasible": ok,
                        "p95_ttft_ms": data.get("p95_ttft_ms"), "p95_itl_ms": data.get("p95_itl_ms"),
                        "failed": data.get("failed")})
     failures = [json.loads(p.read_text()) for p in experiment.glob("*failure.json")]

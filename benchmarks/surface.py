@@ -76,6 +76,21 @@ PROFILE_DATA: dict[str, Any] = {
 }
 PROFILE = HardwareProfile.model_validate(PROFILE_DATA)
 
+SMALL_FIXED: dict[str, Any] = {"topology": "dp4-ep", "all2all-backend": "deepep_high_throughput",
+                               "compilation-config.cudagraph_mode": "FULL_AND_PIECEWISE"}
+"""What the small surface holds fixed (at their best values): it searches the cpu profile's levers only."""
+SMALL_PROFILE = HardwareProfile.model_validate({
+    **PROFILE_DATA, "name": "synthetic4-small", "topology": None,
+    "server": {"model": "synthetic", "fixed": {"max-model-len": 8192, "data-parallel-size": 4,
+                                               "enable-expert-parallel": True}},
+    "description": "the synthetic node with topology, all-to-all and CUDA graphs fixed: the cpu profile's levers",
+    "levers": {k: v for k, v in PROFILE_DATA["levers"].items() if k not in SMALL_FIXED},
+    "baselines": [{"name": "vllm-defaults",
+                   "values": {k: v for k, v in PROFILE_DATA["baselines"][0]["values"].items()
+                              if k not in SMALL_FIXED}}],
+})
+PROFILES = {"large": PROFILE, "small": SMALL_PROFILE}
+
 _TOPO_SPEED = {"tp4": 1.00, "tp2-dp2": 1.30, "tp2-dp2-ep": 1.55, "dp4-ep": 1.80, "dp4": 1.80}
 _TOPO_ITL = {"tp4": 0.80, "tp2-dp2": 1.00, "tp2-dp2-ep": 1.10, "dp4-ep": 1.25, "dp4": 1.25}
 _TOPO_TTFT = {"tp4": 0.70, "tp2-dp2": 0.90, "tp2-dp2-ep": 1.00, "dp4-ep": 1.10, "dp4": 1.10}
@@ -118,8 +133,9 @@ def launch_failure(p: Params) -> str:
     return ""
 
 
-def true_metrics(p: Params) -> Measurement:
-    """The noise-free surface."""
+def true_metrics(params: Params) -> Measurement:
+    """The noise-free surface (levers the small profile does not search take their fixed values)."""
+    p = {**SMALL_FIXED, **params} if "topology" not in params else params
     reason = launch_failure(p)
     if reason:
         return Measurement(False, 0.0, math.inf, math.inf, reason)
@@ -172,18 +188,24 @@ def all_params(profile: HardwareProfile = PROFILE) -> Iterable[dict[str, Any]]:
         domains = [profile.levers[n].choices or [] for n in names + extra]
         for values in itertools.product(*domains, draft or [0]):
             point = dict(zip(names + extra, values[:-1], strict=True))
-            point["topology"] = topo
+            if topo:
+                point["topology"] = topo
             point["speculative.draft_tokens"] = values[-1]
             yield point
 
 
-@functools.lru_cache(maxsize=1)
-def optimum() -> tuple[float, tuple[tuple[str, Any], ...], float, float]:
+def optimum(profile: HardwareProfile = PROFILE) -> tuple[float, tuple[tuple[str, Any], ...], float, float]:
     """(best feasible true value, its params, feasible share of the space, share within 95 % of it)."""
+    return _optimum(profile.name)
+
+
+@functools.lru_cache(maxsize=4)
+def _optimum(name: str) -> tuple[float, tuple[tuple[str, Any], ...], float, float]:
+    profile = next(p for p in PROFILES.values() if p.name == name)
     best_value, best = -1.0, None
     values: list[float] = []
     total = 0
-    for p in all_params():
+    for p in all_params(profile):
         total += 1
         m = true_metrics(p)
         if m.feasible:
@@ -195,8 +217,8 @@ def optimum() -> tuple[float, tuple[tuple[str, Any], ...], float, float]:
     return best_value, tuple(sorted(best.items())), len(values) / total, near / total
 
 
-def unconstrained_best() -> float:
-    return max(true_metrics(p).output_tok_s for p in all_params())
+def unconstrained_best(profile: HardwareProfile = PROFILE) -> float:
+    return max(true_metrics(p).output_tok_s for p in all_params(profile))
 
 
 # -- driving a sampler like the study does ------------------------------------------------------------
@@ -285,14 +307,19 @@ def run_order(points: Sequence[Mapping[str, Any]], n_launches: int, profile: Har
 
 
 def sweep_grid(profile: HardwareProfile = PROFILE) -> list[dict[str, Any]]:
-    """auto_tune.sh / sweep-style grid: topology × max-num-seqs × max-num-batched-tokens, rest at defaults,
-    in Cartesian order."""
+    """auto_tune.sh / sweep-style grid: (topology ×) max-num-seqs × max-num-batched-tokens, the rest at
+    the baseline's values, in Cartesian order."""
     base = _baseline_params(profile)[0]
-    assert profile.topology is not None
+    topologies: list[str | None] = list(profile.topology.choices) if profile.topology else [None]
     seqs = profile.levers["max-num-seqs"].choices or []
     tokens = profile.levers["max-num-batched-tokens"].choices or []
-    return [{**base, "topology": t, "max-num-seqs": s, "max-num-batched-tokens": b}
-            for t, s, b in itertools.product(profile.topology.choices, seqs, tokens)]
+    grid: list[dict[str, Any]] = []
+    for t, s, b in itertools.product(topologies, seqs, tokens):
+        point = {**base, "max-num-seqs": s, "max-num-batched-tokens": b}
+        if t is not None:
+            point["topology"] = t
+        grid.append(point)
+    return grid
 
 
 def trials_to_reach(values: Sequence[float], target: float) -> int | None:

@@ -131,6 +131,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     record = _creation_record(args)
     assert record is None or isinstance(record, StudyRecord)
+    if record is not None and record.trials is None and not args.budget:
+        raise UsageError("creating a shared study: give --trials N (launches of all workers together) or "
+                         "--budget DURATION, so the workers know when to stop")
     options = WorkerOptions(worker_id=args.worker_id or socket.gethostname(), launch_lock=args.launch_lock,
                             on_mismatch=args.on_mismatch,
                             budget_s=parse_duration(args.budget) if args.budget else None)
@@ -190,8 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    commands = add_commands(sub)
-    add_run_args(sub.choices["run"])
+    commands = {"worker": cmd_worker, "ray": cmd_ray}
+    if "worker" not in sub.choices:  # not wired into the main CLI yet
+        add_commands(sub)
+    run = sub.choices["run"]
+    if not any("--backend" in action.option_strings for action in run._actions):
+        add_run_args(run)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")

@@ -64,6 +64,8 @@ class Comparison:
     scored_tokens: int
     greedy_diverged: list[dict[str, Any]]
     worst_tie_gap_nats: float
+    outside_top_k: int = 0
+    """Divergences to a token the baseline did not even rank in its top-k (never a near-tie)."""
 
     def problems(self, spec: EquivalenceSpec) -> list[str]:
         t = spec.thresholds
@@ -75,6 +77,9 @@ class Comparison:
         if self.worst_tie_gap_nats > t.max_tie_gap_nats:
             out.append(f"greedy output left the baseline where its top choice led by "
                        f"{self.worst_tie_gap_nats:.4f} nats > {t.max_tie_gap_nats}")
+        if self.outside_top_k:
+            out.append(f"greedy output left the baseline for a token outside its top-{spec.top_logprobs} "
+                       f"in {self.outside_top_k} probe(s)")
         return out
 
 
@@ -180,11 +185,11 @@ def compare(own: Sequence[ProbeRecording], baseline: Sequence[ProbeRecording],
     diverged: list[dict[str, Any]] = []
     worst_gap = 0.0
     by_name = {r.name: r for r in own}
-    for base, lps in zip(baseline, teacher):
+    for base, lps in zip(baseline, teacher, strict=True):
         if len(lps) != len(base.logprobs):
             raise ProbeFailure(f"probe {base.name}: {len(lps)} teacher-forced logprobs, baseline has "
                                f"{len(base.logprobs)}")
-        diffs += [abs(a - b) for a, b in zip(lps, base.logprobs)]
+        diffs += [abs(a - b) for a, b in zip(lps, base.logprobs, strict=True)]
         mine = by_name[base.name]
         if mine.prompt_ids != base.prompt_ids:
             raise ProbeFailure(f"probe {base.name}: the server tokenized the prompt differently from the baseline")
@@ -193,12 +198,14 @@ def compare(own: Sequence[ProbeRecording], baseline: Sequence[ProbeRecording],
             diverged.append({"probe": base.name, **gap})
             worst_gap = max(worst_gap, float(gap["tie_gap_nats"]))
     mean = sum(diffs) / len(diffs) if diffs else 0.0
-    return Comparison(round(mean, 6), round(max(diffs, default=0.0), 6), len(diffs), diverged, round(worst_gap, 6))
+    outside = sum(1 for d in diverged if d["gap_is_lower_bound"])
+    return Comparison(round(mean, 6), round(max(diffs, default=0.0), 6), len(diffs), diverged, round(worst_gap, 6),
+                      outside)
 
 
 def _divergence_gap(mine: ProbeRecording, base: ProbeRecording) -> dict[str, Any] | None:
     """Where this greedy completion first leaves the baseline's, and how close the baseline's choice was."""
-    for j, (a, b) in enumerate(zip(mine.completion_ids, base.completion_ids)):
+    for j, (a, b) in enumerate(zip(mine.completion_ids, base.completion_ids, strict=False)):
         if a == b:
             continue
         pos = len(base.prompt_ids) + j - 1  # index into logprobs/top (they start at token 1)
@@ -242,7 +249,7 @@ def teacher_forced(client: GuardClient, sequence: list[int], top_k: int) -> tupl
         raise ProbeFailure("the server returned no prompt_logprobs for the teacher-forced sequence")
     logprobs: list[float] = []
     top: list[dict[str, float]] = []
-    for token, entry in zip(sequence[1:], entries[1:]):
+    for token, entry in zip(sequence[1:], entries[1:], strict=True):
         if not isinstance(entry, dict) or str(token) not in entry:
             raise ProbeFailure("prompt_logprobs lack the scored token")
         logprobs.append(float(entry[str(token)]["logprob"]))

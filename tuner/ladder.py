@@ -33,11 +33,10 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field, model_validator
+from typing import Any
 
 from tuner import metrics
+from tuner.ladder_spec import LadderSpec, ladder_concurrencies
 from tuner.loadgen import LoadResult, RequestRecord, WindowPlan, jobs_for, run_window
 from tuner.loadgen_pool import ClientPool, auto_processes
 from tuner.objective import Objective, score
@@ -57,51 +56,6 @@ _RATE_METRICS = ("output_throughput", "total_token_throughput", "request_through
 _PER_REQUEST_SLO = re.compile(r"^(median|p(\d{1,2}(?:\.\d+)?))_(ttft|tpot|e2el)_ms$")
 
 Scrape = Callable[[], Mapping[Any, float]]
-
-
-class LadderSpec(BaseModel, extra="forbid", frozen=True):
-    """How to step concurrency inside one launch (``ladder:`` in an objective)."""
-
-    start: int = Field(default=1, gt=0, description="first step's concurrency")
-    factor: float = Field(default=2.0, gt=1.0, description="each step multiplies concurrency by this")
-    max: int = Field(default=256, gt=0, description="highest concurrency tried")
-    steps: tuple[int, ...] | None = Field(default=None,
-                                          description="explicit concurrencies; overrides start/factor/max")
-    prompts_per_concurrency: float = Field(
-        default=4.0, gt=0.0, description="each step sends at least concurrency × this requests (and num_prompts)")
-    min_gain: float = Field(default=0.05, ge=0.0, description="a step must beat the best by this fraction")
-    patience: int = Field(default=1, gt=0, description="steps without gain before the ladder stops")
-    early_stop: bool = Field(default=True, description="cut a step once its SLO is clearly lost")
-    stop_on_client_saturation: bool = True
-    gauge_interval_s: float = Field(default=0.5, gt=0.0, description="how often gauges are scraped in a window")
-    client_processes: int | Literal["auto"] = Field(
-        default=1, description="load-generator processes; 'auto' adds one per ~streams_per_process streams")
-    streams_per_process: int = Field(default=512, gt=0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> LadderSpec:
-        if self.steps is not None and (not self.steps or any(s <= 0 for s in self.steps)):
-            raise ValueError("steps must be a non-empty list of positive concurrencies")
-        if self.steps is None and self.start > self.max:
-            raise ValueError(f"start ({self.start}) is above max ({self.max})")
-        if isinstance(self.client_processes, int) and self.client_processes <= 0:
-            raise ValueError("client_processes must be positive or 'auto'")
-        return self
-
-
-def ladder_concurrencies(spec: LadderSpec) -> list[int]:
-    """The concurrencies a ladder tries, in order: ``start · factor^k`` (rounded up) to ``max``."""
-    if spec.steps is not None:
-        return sorted(set(spec.steps))
-    out: list[int] = []
-    value = float(spec.start)
-    while True:
-        c = min(spec.max, math.ceil(value - 1e-9))
-        if not out or c > out[-1]:
-            out.append(c)
-        if c >= spec.max:
-            return out
-        value *= spec.factor
 
 
 @dataclass(frozen=True)

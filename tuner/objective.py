@@ -16,9 +16,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner import catalog
+from tuner.ladder_spec import LadderSpec
 from tuner.workload import Workload
 
-_LATENCY_KEY = re.compile(r"^(mean|median|p\d{1,2}(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+_LATENCY_KEY = re.compile(r"^(mean|median|p\d{1,2}(\.\d+)?)_(ttft|tpot|itl|e2el|queue)_ms$")
 _RATE_KEYS = {"output_throughput", "total_token_throughput", "request_throughput"}
 METRIC_KEYS = _RATE_KEYS | {"request_goodput"}
 _GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
@@ -35,6 +36,8 @@ class Objective(BaseModel):
     """Upper limits on latency keys, e.g. ``p95_ttft_ms: 2000``."""
     max_failed_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     workload: Workload = Field(default_factory=Workload)
+    ladder: LadderSpec | None = None
+    """Concurrency ladder inside one launch; None = one step at ``workload.concurrency``."""
     goodput_slos: dict[str, float] = Field(default_factory=dict)
     """Per-request limits (``ttft_ms``, ``tpot_ms``, ``e2el_ms``) a request must meet to count as goodput."""
     guards: list[str] = Field(default_factory=list)

@@ -397,10 +397,16 @@ class Study:
         done = {(c.trial, c.config_key) for c in self.confirmations(study)}
         workload = self.objective.workload
         longer = workload.model_copy(update={"num_prompts": max(1, round(workload.num_prompts * spec.workload_scale))})
-        confirm_ctx = dataclasses.replace(ctx, objective=self.objective.model_copy(update={"workload": longer}))
         for number, config, control_of in self._candidates(study):
             if (number, config.key()) in done or should_stop():
                 continue
+            # Confirm at the concurrency the screening ladder chose, not with the whole ladder again.
+            chosen_c = study.trials[number].user_attrs.get("max_concurrency")
+            update: dict[str, Any] = {"workload": longer}
+            if chosen_c and self.objective.ladder is not None:
+                update["ladder"] = self.objective.ladder.model_copy(update={"steps": (int(chosen_c),)})
+                update["workload"] = longer.model_copy(update={"concurrency": int(chosen_c)})
+            confirm_ctx = dataclasses.replace(ctx, objective=self.objective.model_copy(update=update))
             suffix = "-control" if control_of is not None else ""
             tdir = self.path / "confirm" / f"{number:04d}{suffix}"
             progress.trial_number = number
@@ -489,7 +495,7 @@ class Study:
         trial.set_user_attr("duration_s", round(outcome.duration_s, 2))
         trial.set_user_attr("ready_s", outcome.ready_s)
         for key in ("p95_ttft_ms", "p95_itl_ms", "p95_tpot_ms", "output_throughput", "request_throughput",
-                    "completed", "failed"):
+                    "request_goodput", "completed", "failed", "max_concurrency"):
             if key in outcome.summary:
                 trial.set_user_attr(key, outcome.summary[key])
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Third device call (after stage.sh --need .gpu/3/moe.tar.xz): the dsv4-tune study on 2x H200,
-# bounded to fit one 10-minute command, then report + export, packed into $OUT.
+# Third device call (after stage.sh --need .gpu/3/...): the dsv4-tune study on 2x H200, bounded to
+# fit one command, then report + export, packed into $OUT. The validator probe runs beside it (CPU
+# only) for evidence; the study uses --prevalidate off unless an earlier probe wrote "auto".
 #   bash scripts/gpu/run_study.sh [STUDY_SECONDS]   (default 500: SIGINT then, resume-able)
 set -uo pipefail
 source scripts/gpu/env.sh
@@ -11,12 +12,13 @@ mode=$(cat "$STAGE/prevalidate.mode" 2>/dev/null || echo off)
 test -f "$STAGE/tiny-moe/config.json" || python3 scripts/gpu/make_tiny_moe.py "$STAGE/tiny-moe" > "$OUT/model.json"
 nvidia-smi dmon -s um -d 5 > "$OUT/dmon.txt" 2>&1 &
 dmon=$!
+timeout 150 python3 scripts/gpu/probe_prevalidate.py "$STAGE/tiny-moe" > "$OUT/prevalidate.txt" 2>&1 &
 t0=$(date +%s)
 set -o pipefail
 timeout -s INT -k 30 "$limit" python3 -m tuner.cli run --hw search_spaces/h200x2-tiny.yaml \
   --objective scripts/gpu/throughput-h200.yaml --model "$STAGE/tiny-moe" --study $name --runs-dir "$runs" \
-  --vllm-cmd "$VLLM_CMD" --prevalidate "$mode" --budget "$(( limit - 30 ))s" --trials 8 \
-  --confirm-top-k 1 --confirm-repeats 2 --ready-timeout 240 --seed 0 2>&1 | tee "$OUT/study.log"
+  --vllm-cmd "$VLLM_CMD" --prevalidate "$mode" --budget "$(( limit - 25 ))s" --trials 8 \
+  --confirm-top-k 1 --confirm-repeats 2 --ready-timeout 180 --seed 0 2>&1 | tee "$OUT/study.log"
 rc=$?
 echo "study exit $rc after $(( $(date +%s) - t0 )) s (prevalidate $mode)" | tee -a "$OUT/study.log"
 kill $dmon 2>/dev/null

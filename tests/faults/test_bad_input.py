@@ -77,6 +77,8 @@ def _newer_db_schema(tmp: Path) -> None:
 CASES = [
     Case("malformed YAML", lambda t: _run_args(t), ["hw.yaml", "line 3", "malformed YAML", "Fix:"],
          files={"hw.yaml": "name: x\nlevers:\n  max-num-seqs: {choices: [4, 8}\n"}),
+    Case("deeply nested YAML", lambda t: _run_args(t), ["hw.yaml", "nested too deeply", "Fix:"],
+         files={"hw.yaml": "[" * 2000}),
     Case("unknown key", lambda t: _run_args(t), ["hw.yaml", "levers.max-num-seqs.choises", "unknown key",
                                                  "did you mean 'choices'"],
          files={"hw.yaml": _profile(levers={"max-num-seqs": {"choises": [4]}})}),

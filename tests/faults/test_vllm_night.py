@@ -23,6 +23,7 @@ import os
 import signal
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from tests.faults.conftest import (
     process_env,
     wait_file,
 )
-from tuner.launcher import group_alive
+from tuner.launcher import group_alive, stop_orphans
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -90,15 +91,26 @@ def _gone(pgid: int, timeout_s: float) -> bool:
 
 
 @pytest.fixture(scope="module")
-def night(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, Any]:
+def night(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("night")
     (root / "profile.yaml").write_text(yaml.safe_dump(PROFILE))
     (root / "objective.yaml").write_text(yaml.safe_dump(OBJECTIVE))
     runs = root / "runs"
     study = runs / STUDY
     obs: dict[str, Any] = {"runs": runs, "study": study, "root": root}
-    started = time.monotonic()
 
+    try:
+        yield from _night(runs, study, root, demo_model, obs)
+    finally:  # whatever failed, leave no server behind (the orphan of a failed run would eat the cores)
+        for tuner in ("run1", "r1", "r2", "r3"):
+            if tuner in obs and obs[tuner].proc.poll() is None:
+                obs[tuner].proc.kill()
+                obs[tuner].wait(30)
+        stop_orphans(study / "trials")
+
+
+def _night(runs: Path, study: Path, root: Path, demo_model: Path, obs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    started = time.monotonic()
     run1 = Tuner("--hw", str(root / "profile.yaml"), "--objective", str(root / "objective.yaml"),
                  "--trials", "5", "--study", STUDY, "--model", str(demo_model), runs=runs)
     obs["run1"] = run1
@@ -178,7 +190,7 @@ def night(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[st
     obs["r3"] = r3
     obs["r3_rc"] = r3.wait(600)
     obs["night_s"] = time.monotonic() - started
-    return obs
+    yield obs
 
 
 def _outcome(night: dict[str, Any], n: int) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 One real vLLM (CPU build) server serves the tiny demo model for the whole module. The same
 workload (random token prompts of a fixed length, a fixed output length with ``ignore_eos``,
 the same number of prompts and the same concurrency) goes through both tools, alternating,
-``ROUNDS`` times each after one discarded round each; their medians over rounds must agree within 5% on output throughput and within 10% on
-median TTFT and median ITL.
+``ROUNDS`` times each after one discarded round each; their medians over rounds must agree
+within 5% on output throughput and within 10% on median TTFT and median ITL (an ITL below
+``ITL_FLOOR_MS`` in both is two events read from one TCP segment, and counts as agreement).
 
 Comparable by construction: ``vllm bench serve --dataset-name random`` draws token ids, decodes
 them to text and sends text, which the server re-tokenizes, so its prompts may come out a few

@@ -296,3 +296,44 @@ def test_ray_backend_reserves_a_node_per_trial_and_retries_a_lost_trial(
     assert not group_alive(int(server["pgid"])), "the lost attempt's server was left running"
     assert (study_dir / "best" / "profile.yaml").is_file()
     assert len((study_dir / "trials.csv").read_text().strip().splitlines()) >= 3  # header + the two launches
+
+
+# -- pure: no service ----------------------------------------------------------------------------------
+def test_node_identity_compares_gpu_driver_and_vllm_but_not_the_hostname() -> None:
+    a = NodeIdentity(hostname="n1", gpu_model="NVIDIA H200", gpu_count=8, driver="570.86.15", vllm_version="0.32.0",
+                     cpu_model="Xeon", cpu_count=224)
+    assert a.differences(NodeIdentity.from_json({**a.to_json(), "hostname": "n2", "cpu_model": "EPYC"})) == []
+    other = NodeIdentity.from_json({**a.to_json(), "driver": "580.1", "vllm_version": "0.33.0"})
+    diffs = other.differences(a)
+    assert len(diffs) == 2 and diffs[0].startswith("driver") and diffs[1].startswith("vllm_version")
+    assert other.fingerprint() != a.fingerprint()
+    cpu = NodeIdentity(hostname="c", gpu_model=None, gpu_count=0, driver=None, vllm_version="0.32.0", cpu_model="A")
+    assert cpu.differences(NodeIdentity.from_json({**cpu.to_json(), "cpu_model": "B"}))  # CPU serving: CPU counts
+
+
+def test_storage_url_is_masked_and_only_completed_from_the_environment() -> None:
+    url = "postgresql://tuner:s3cret@db:5432/dsv4"
+    assert mask_url(url) == "postgresql://tuner:***@db:5432/dsv4"
+    assert resolve_storage_url(None, env={"DSV4_TUNE_STORAGE": url}) == url
+    assert resolve_storage_url(mask_url(url), env={"DSV4_TUNE_STORAGE": url}) == url
+    with pytest.raises(Exception, match="masked"):
+        resolve_storage_url(mask_url(url), env={"DSV4_TUNE_STORAGE": "postgresql://other:x@db/dsv4"})
+    with pytest.raises(Exception, match="no storage"):
+        resolve_storage_url(None, env={})
+
+
+def test_gathered_artifacts_fill_only_missing_files(tmp_path: Path) -> None:
+    from tuner.ray_backend import _is_loopback, pack_folder, unpack_folder
+
+    node = tmp_path / "node" / "0003"
+    node.mkdir(parents=True)
+    (node / "outcome.json").write_text('{"ok": true}')
+    (node / "server.log").write_bytes(b"x" * 2_000_000)
+    driver = tmp_path / "driver" / "0003"
+    driver.mkdir(parents=True)
+    (driver / "outcome.json").write_text("kept")
+    assert unpack_folder(pack_folder(node), driver) == ["server.log"]
+    assert (driver / "outcome.json").read_text() == "kept"
+    assert (driver / "server.log").stat().st_size == 1_000_000  # the log's tail, capped
+    assert _is_loopback("127.0.0.1:6379") and _is_loopback("localhost:6379")
+    assert not _is_loopback("10.0.0.1:6379") and not _is_loopback("auto") and not _is_loopback(None)

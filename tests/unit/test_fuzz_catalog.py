@@ -66,7 +66,7 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 def _mutated(base: dict[str, Any], data: st.DataObject) -> Any:
     doc = copy.deepcopy(base)
     path = data.draw(st.sampled_from(_paths(doc)))
-    node = doc
+    node: Any = doc
     for part in path[:-1]:
         node = node[part]
     action = data.draw(st.sampled_from(["replace", "delete", "add"]))

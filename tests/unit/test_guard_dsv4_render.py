@@ -82,7 +82,6 @@ def test_dropping_the_reasoning_changes_the_prompt(enc: ModuleType) -> None:
 
 def _vllm_render(demo: Path, messages: list[dict[str, Any]], tools: list[dict[str, Any]], thinking: bool) -> str:
     from transformers import AutoTokenizer
-
     from vllm.tokenizers.deepseek_v4 import get_deepseek_v4_tokenizer
 
     tok = get_deepseek_v4_tokenizer(AutoTokenizer.from_pretrained(demo))

@@ -67,7 +67,8 @@ def test_needle_needs_exactly_one_length(tmp_path: Path) -> None:
 
 
 def test_tool_probe_without_tools_is_refused(tmp_path: Path) -> None:
-    text = "kind: tool_call\nprobes:\n  - name: p\n    messages: [{role: user, content: x}]\n    expect_call: {name: f}\n"
+    text = ("kind: tool_call\nprobes:\n  - name: p\n    messages: [{role: user, content: x}]\n"
+            "    expect_call: {name: f}\n")
     with pytest.raises(CatalogError, match="at least one entry in tools"):
         load_spec(_write(tmp_path, text))
 

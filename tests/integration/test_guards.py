@@ -1,0 +1,168 @@
+"""Every gate passing and failing on a real vLLM CPU server, through the real DeepSeek V4 path.
+
+The tiny demo model is trained on the guard probes (tuner/trained_fixture.py, cached by content hash)
+and served with ``--tokenizer-mode deepseek_v4 --reasoning-parser deepseek_v4 --tool-call-parser
+deepseek_v4 --enable-auto-tool-choice``. Four launches in all, each shared by several tests:
+
+- ``good``: the DSV4 flags, auto KV → every gate passes; it records the study's reference;
+- ``no_parsers_short``: no reasoning or tool-call parser, and ``--max-model-len`` 240 below the
+  256-token needle prompt → tool_call, reasoning and needle fail, each for its own reason, while
+  equivalence passes (neither change touches numerics);
+- ``fp8``: fp8 KV cache → equivalence drifts past its threshold, every other gate passes;
+- ``speculative``: ngram speculation → checked against the reference and its no-speculation control.
+
+Run alone (2 cores): ``flock /tmp/vllm-server.lock pytest tests/integration/test_guards.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import vllm_cli
+from tuner.guard_api import GuardReport, GuardTarget
+from tuner.guards import Suite, load_suite
+from tuner.launcher import LaunchSpec, ServerProcess, free_port
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+DSV4_FLAGS = ["--tokenizer-mode", "deepseek_v4", "--reasoning-parser", "deepseek_v4",
+              "--tool-call-parser", "deepseek_v4", "--enable-auto-tool-choice"]
+GUARDS = ["tool_call", "reasoning", "needle", "equivalence"]
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+LAUNCHES: dict[str, dict[str, Any]] = {
+    "good": {"flags": DSV4_FLAGS, "args": {"kv-cache-dtype": "auto"}, "max_model_len": 1024},
+    "no_parsers_short": {"flags": ["--tokenizer-mode", "deepseek_v4"], "args": {"kv-cache-dtype": "auto"},
+                         "max_model_len": 240},
+    "fp8": {"flags": [*DSV4_FLAGS, "--kv-cache-dtype", "fp8"], "args": {"kv-cache-dtype": "fp8"},
+            "max_model_len": 1024},
+    "speculative": {"flags": [*DSV4_FLAGS, "--speculative-config", NGRAM], "args": {"kv-cache-dtype": "auto"},
+                    "max_model_len": 1024, "speculative": True},
+}
+
+
+@pytest.fixture(scope="module")
+def trained(demo_model: Path) -> Path:
+    from tuner.trained_fixture import train_fixture
+
+    return train_fixture(demo_model)
+
+
+def _launch(model: Path, name: str, workdir: Path) -> ServerProcess:
+    cli = vllm_cli()
+    assert cli is not None
+    cfg = LAUNCHES[name]
+    port = free_port()
+    argv = [cli, "serve", str(model), "--served-model-name", "fixture", "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", str(cfg["max_model_len"]), "--enforce-eager", "--dtype", "bfloat16",
+            "--max-num-seqs", "4", *cfg["flags"]]
+    key = secrets.token_urlsafe(16)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120",
+           "VLLM_API_KEY": key, "VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
+    return ServerProcess(LaunchSpec(argv=argv, env=env, host="127.0.0.1", port=port, workdir=workdir,
+                                    ready_timeout_s=300, api_key=key, model_name="fixture"))
+
+
+@pytest.fixture(scope="module")
+def runs(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Each launch once, in order: its guard report, and what a test wants to ask the live server."""
+    study = tmp_path_factory.mktemp("study")
+    suite = load_suite(GUARDS)
+    assert isinstance(suite, Suite)
+    out: dict[str, Any] = {"study": study, "suite": suite}
+    for i, name in enumerate(LAUNCHES):
+        cfg = LAUNCHES[name]
+        tdir = study / "trials" / f"{i:04d}"
+        tdir.mkdir(parents=True)
+        key = f"key-{name}"
+        (tdir / "config.json").write_text(json.dumps({"key": key}))  # as trial.py writes it
+        with _launch(trained, name, tdir) as server:
+            server.wait_ready()
+            spec = bool(cfg.get("speculative"))
+            target = GuardTarget(base_url=server.base_url, headers=server.headers, model="fixture",
+                                 trial_dir=tdir, study_dir=study, params={}, args=cfg["args"],
+                                 is_speculative=spec, control_key="key-good" if spec else None)
+            out[name] = suite.run(target)
+            (tdir / "guards.json").write_text(json.dumps(out[name].to_json(), indent=1))
+            if name == "good":
+                out["rendered"] = _server_prompt_ids(server)
+    yield out
+
+
+def _server_prompt_ids(server: ServerProcess) -> list[int]:
+    from tuner.catalog import resolve
+    from tuner.guard_chat import chat_payload
+    from tuner.guard_specs import ToolCallSpec, load_spec
+
+    spec = load_spec(resolve("guards", "tool_call"))
+    assert isinstance(spec, ToolCallSpec)
+    payload = {**chat_payload(spec.probes[0]), "model": "fixture", "max_tokens": 1, "return_token_ids": True}
+    resp = httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, headers=server.headers, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return [int(t) for t in resp.json()["prompt_token_ids"]]
+
+
+def _result(report: GuardReport, name: str) -> Any:
+    return next(r for r in report.results if r.name == name)
+
+
+def test_fixture_trains_on_the_ids_the_server_renders(runs: dict[str, Any], trained: Path, demo_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from tuner.trained_fixture import training_examples
+
+    examples = training_examples(AutoTokenizer.from_pretrained(demo_model))
+    assert list(examples[0].prompt_ids) == runs["rendered"]
+
+
+def test_all_gates_pass_with_the_dsv4_flags(runs: dict[str, Any]) -> None:
+    report: GuardReport = runs["good"]
+    assert report.passed, report.reason
+    assert "recorded the study's reference" in _result(report, "equivalence").detail
+
+
+def test_without_parsers_tool_call_and_reasoning_fail(runs: dict[str, Any]) -> None:
+    report: GuardReport = runs["no_parsers_short"]
+    tool, reasoning = _result(report, "tool_call"), _result(report, "reasoning")
+    assert not tool.passed and "--tool-call-parser" in tool.detail
+    assert not reasoning.passed and "no reasoning field" in reasoning.detail and "'</think>'" in reasoning.detail
+    equivalence = _result(report, "equivalence")
+    assert equivalence.passed, equivalence.detail  # same numerics: a parser changes no logprob
+    assert equivalence.evidence["vs_reference"]["max_drift_nats"] <= 1e-6
+
+
+def test_context_below_the_needle_fails_retrieval(runs: dict[str, Any]) -> None:
+    needle = _result(runs["no_parsers_short"], "needle")
+    assert not needle.passed and "HTTP 400" in needle.detail and "240" in needle.detail
+    assert _result(runs["good"], "needle").passed
+
+
+def test_fp8_kv_drifts_past_the_threshold(runs: dict[str, Any]) -> None:
+    report: GuardReport = runs["fp8"]
+    for name in ("tool_call", "reasoning", "needle"):
+        assert _result(report, name).passed, report.reason
+    equivalence = _result(report, "equivalence")
+    drift = equivalence.evidence["vs_reference"]
+    assert not equivalence.passed, drift
+    assert drift["mean_drift_nats"] > runs["suite"].guards[-1].spec.thresholds.max_mean_drift_nats
+
+
+def test_speculative_trial_matches_reference_and_control(runs: dict[str, Any]) -> None:
+    report: GuardReport = runs["speculative"]
+    equivalence = _result(report, "equivalence")
+    assert equivalence.passed, equivalence.detail
+    assert equivalence.evidence["control"] is not None and "vs_control" in equivalence.evidence
+    assert report.passed, report.reason
+
+
+def test_guard_evidence_is_written_per_trial(runs: dict[str, Any]) -> None:
+    study: Path = runs["study"]
+    docs = [json.loads(p.read_text()) for p in sorted(study.glob("trials/*/guards.json"))]
+    assert [d["passed"] for d in docs] == [True, False, False, True]
+    assert (study / "reference").is_dir() and list((study / "reference" / "configs").glob("*key-good.json"))
