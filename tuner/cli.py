@@ -32,11 +32,12 @@ def parse_duration(text: str) -> float:
     """``8h``, ``90m``, ``1h30m``, ``45s`` or plain seconds → seconds (> 0)."""
     match = _DURATION.match(text.strip())
     if not text.strip() or match is None or not any(match.groups()):
-        raise UsageError(f"--budget {text!r}: write a duration such as 8h, 90m, 1h30m or 600s")
+        raise UsageError(f"--budget {text!r} is not a duration. Fix: write one such as 8h, 90m, 1h30m or 600s")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     total = hours * 3600 + minutes * 60 + seconds
     if total <= 0:
-        raise UsageError(f"--budget {text!r}: the budget must be longer than 0")
+        raise UsageError(f"--budget {text!r}: the budget must be longer than 0. Fix: give e.g. --budget 8h, "
+                         "or drop --budget and use --trials N")
     return total
 
 

@@ -11,8 +11,10 @@ A trial that failed a gate, crashed or missed an SLO is never exported.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -85,33 +87,52 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
     served = Path(ctx_model).name if Path(ctx_model).exists() else ctx_model
     options = VllmEngine().serve_options(ctx_model, config["args"], host=study_obj.profile.server.host,
                                          port=EXPORT_PORT, served_model_name=served)
-    best_dir = out_dir or study_obj.path / "best"
-    best_dir.mkdir(parents=True, exist_ok=True)
-    metric = study_obj.objective.metric
-    status = "confirmed" if winner.confirmed else "UNCONFIRMED (single screening run)"
-    headline = (f"{metric} = {winner.value:.2f} ({status}) on workload {study_obj.objective.name!r}, "
-                f"SLOs {study_obj.objective.slos}")
-    header = f"# dsv4-tune export: study {study_obj.record.name}, trial {winner.trial}\n# {headline}\n"
-    store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
-    env = {k: v for k, v in command.get("env", {}).items() if k != "VLLM_API_KEY"}
-    store.write_text(best_dir / "serve.sh",
-                     serve_script(study_obj.record.name, winner.trial, headline, env, study_obj.record.vllm_cmd),
-                     mode=0o755)
-    identity = _identity(study_obj, study, winner.trial, winner.value, options, outcome, ctx_model)
-    identity["confirmed"] = winner.confirmed
-    identity["confirmation"] = winner.confirmation.to_json() if winner.confirmation else None
-    store.write_json(best_dir / "identity.json", identity)
-    evidence = best_dir / "evidence"
-    evidence.mkdir(exist_ok=True)
-    for name in EVIDENCE_FILES:
-        if (tdir / name).is_file():
-            shutil.copyfile(tdir / name, evidence / name)
-    store.write_json(evidence / "confirmations.json", [c.to_json() for c in winner.all_confirmations])
-    comparison = control_comparison(study_obj, winner.all_confirmations)
-    if comparison:
-        store.write_json(evidence / "control_comparison.json", comparison)
+    final_dir = out_dir or study_obj.path / "best"
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Write into a staging folder and swap it in at the end: an interrupt (SIGINT/SIGTERM) or a full
+    # disk mid-export leaves the previous export whole, never files of two different winners.
+    best_dir = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.staging-"))
+    try:
+        metric = study_obj.objective.metric
+        status = "confirmed" if winner.confirmed else "UNCONFIRMED (single screening run)"
+        headline = (f"{metric} = {winner.value:.2f} ({status}) on workload {study_obj.objective.name!r}, "
+                    f"SLOs {study_obj.objective.slos}")
+        header = f"# dsv4-tune export: study {study_obj.record.name}, trial {winner.trial}\n# {headline}\n"
+        store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
+        env = {k: v for k, v in command.get("env", {}).items() if k != "VLLM_API_KEY"}
+        store.write_text(best_dir / "serve.sh",
+                         serve_script(study_obj.record.name, winner.trial, headline, env, study_obj.record.vllm_cmd),
+                         mode=0o755)
+        identity = _identity(study_obj, study, winner.trial, winner.value, options, outcome, ctx_model)
+        identity["confirmed"] = winner.confirmed
+        identity["confirmation"] = winner.confirmation.to_json() if winner.confirmation else None
+        store.write_json(best_dir / "identity.json", identity)
+        evidence = best_dir / "evidence"
+        evidence.mkdir(exist_ok=True)
+        for name in EVIDENCE_FILES:
+            if (tdir / name).is_file():
+                shutil.copyfile(tdir / name, evidence / name)
+        store.write_json(evidence / "confirmations.json", [c.to_json() for c in winner.all_confirmations])
+        comparison = control_comparison(study_obj, winner.all_confirmations)
+        if comparison:
+            store.write_json(evidence / "control_comparison.json", comparison)
+        _swap_in(best_dir, final_dir)
+    except BaseException:
+        shutil.rmtree(best_dir, ignore_errors=True)
+        raise
+    best_dir = final_dir
     study_obj.write_trials_table(study)
     return best_dir
+
+
+def _swap_in(staging: Path, final: Path) -> None:
+    """Replace ``final`` by ``staging`` with two renames (the old export is removed only afterwards)."""
+    os.chmod(staging, 0o755)  # noqa: S103 - as mkdir would: an export is read by others
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def control_comparison(study_obj: Study, confirmations: tuple[Confirmation, ...]) -> list[dict[str, Any]]:

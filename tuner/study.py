@@ -230,9 +230,16 @@ class Study:
 
     def optuna_study(self) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        return optuna.create_study(
-            study_name=self.record.name, storage=self.storage(), load_if_exists=True,
-            direction=self.objective.direction, sampler=make_sampler(self.record.seed))
+        try:
+            return optuna.create_study(
+                study_name=self.record.name, storage=self.storage(), load_if_exists=True,
+                direction=self.objective.direction, sampler=make_sampler(self.record.seed))
+        except RuntimeError as exc:
+            if "schema" not in str(exc):
+                raise
+            raise StudyError(
+                f"{self.path / 'study.db'} was written by a newer Optuna ({exc}). Fix: upgrade dsv4-tune and "
+                "Optuna (pip install -U optuna), or open the study with the version that created it") from exc
 
     def guard_names(self) -> list[str]:
         return list(self.record.guards if self.record.guards is not None else self.objective.guards)
@@ -471,9 +478,13 @@ class Study:
         try:
             outcome = run_trial(ctx, config, tdir, should_stop=should_stop, on_phase=phase)
         except BaseException:
-            trial.set_user_attr("interrupted", True)
-            trial.set_user_attr("failure_class", FailureClass.INTERRUPTED.value)
-            study.tell(trial, state=TrialState.FAIL)
+            try:
+                trial.set_user_attr("interrupted", True)
+                trial.set_user_attr("failure_class", FailureClass.INTERRUPTED.value)
+                study.tell(trial, state=TrialState.FAIL)
+            except Exception as book_exc:  # e.g. the disk is full: keep the first error, not this one
+                log.warning("could not mark trial %d as interrupted (%s); `resume` re-runs it anyway",
+                            trial.number, book_exc)
             raise
         if outcome.failure_class == FailureClass.INTERRUPTED.value:
             trial.set_user_attr("interrupted", True)

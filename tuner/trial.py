@@ -33,6 +33,9 @@ from tuner.space import ServeConfig
 log = logging.getLogger(__name__)
 
 
+LOG_TAIL_CHARS = 4000
+"""How much of server.log a failed trial keeps in outcome.json."""
+
 @dataclass(frozen=True)
 class TrialContext:
     """What every trial of a study shares."""
@@ -64,6 +67,8 @@ class TrialOutcome:
     trial_dir: str
     config_key: str
     repeat_values: tuple[float, ...] = ()
+    log_tail: str = ""
+    """The end of server.log when the server failed to start or died (the evidence beside the reason)."""
 
     @property
     def feasible(self) -> bool:
@@ -126,12 +131,12 @@ def _server_version(server: ServerProcess) -> str | None:
 def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, started: float, *, score_: Score,
              ok: bool, failure_class: str | None, reason: str, summary: Mapping[str, Any] | None = None,
              server_metrics: Mapping[str, Any] | None = None, ready_s: float | None = None,
-             repeat_values: tuple[float, ...] = ()) -> TrialOutcome:
+             repeat_values: tuple[float, ...] = (), log_tail: str = "") -> TrialOutcome:
     outcome = TrialOutcome(
         ok=ok, value=score_.value, constraints=score_.constraints, failure_class=failure_class,
         reason=reason, summary=dict(summary or {}), server_metrics=dict(server_metrics or {}),
         ready_s=ready_s, duration_s=time.monotonic() - started, trial_dir=str(tdir), config_key=config.key(),
-        repeat_values=repeat_values)
+        repeat_values=repeat_values, log_tail=log_tail[-LOG_TAIL_CHARS:])
     store.write_json(tdir / "outcome.json", outcome.to_json())
     return outcome
 
@@ -183,7 +188,8 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 ready_s = server.wait_ready(should_stop=should_stop)
             except LaunchError as exc:
                 return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
-                                failure_class=exc.failure_class, reason=str(exc))
+                                failure_class=exc.failure_class, reason=str(exc),
+                                log_tail=exc.log_tail or tail(server.log_path))
             log.info("server ready in %.1f s", ready_s)
             phase("guards")
             guard_report = ctx.guards.run(GuardTarget(
@@ -233,7 +239,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                   f"log tail: {tail(server.log_path, 400).strip()[-300:]}")
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=watch.tripped.value, reason=reason, summary=summary,
-                        server_metrics=server_metrics, ready_s=ready_s)
+                        server_metrics=server_metrics, ready_s=ready_s, log_tail=tail(server.log_path))
     if any(run.stopped for run in runs):
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=FailureClass.INTERRUPTED.value, reason="tuner stopped during the load",

@@ -147,9 +147,6 @@ def test_bad_input_gives_a_clear_error(case: Case, tmp_path: Path, capsys: pytes
         assert needle in text, f"{needle!r} missing from: {text}"
 
 
-@pytest.mark.xfail(strict=True, raises=(RuntimeError, AssertionError),
-                   reason="BUG: study.optuna_study() lets Optuna's RuntimeError about a newer storage schema escape "
-                          "as a traceback instead of a StudyError naming study.db and the fix")
 def test_newer_db_schema_gives_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     rc, text = run_case(DB_CASE, tmp_path, capsys, monkeypatch)

@@ -120,9 +120,6 @@ def test_disk_full_error_names_the_file_and_the_fix(disk_full_run: dict[str, Any
     assert "trials/0000/outcome.json" in out and "resume" in out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: after a DiskFullError in run_trial, study._run_one's bookkeeping "
-                                       "(set_user_attr/tell on the full disk) raises sqlite 'database or disk is "
-                                       "full' and masks the clear error with a traceback")
 def test_disk_full_error_is_not_masked_by_the_database(disk_full_run: dict[str, Any]) -> None:
     out = disk_full_run["out"]
     assert disk_full_run["rc"] == 1 and "Traceback" not in out and "error: disk full" in out, out
@@ -212,9 +209,6 @@ def test_interrupted_export_leaves_no_partial_file_and_can_be_redone(tmp_path: P
     assert yaml.safe_load((best / "profile.yaml").read_text())["max-num-seqs"] == 8
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: export_best writes best/ file by file; an interrupt between files "
-                                       "leaves profile.yaml of the new winner beside identity.json/serve.sh of "
-                                       "the old one")
 def test_interrupted_export_never_mixes_two_winners(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.export import export_best
 

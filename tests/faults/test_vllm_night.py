@@ -225,8 +225,6 @@ def test_crash_during_startup_is_crash_and_group_is_gone(night: dict[str, Any]) 
     assert not (night["study"] / "trials/0002/server.pid.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: trial.py drops LaunchError.log_tail; outcome.json keeps only the "
-                                       "deciding line, not the tail of the log the issue asks for")
 def test_startup_failure_outcome_carries_the_log_tail(night: dict[str, Any]) -> None:
     for n in (0, 1, 2):
         out = _outcome(night, n)

@@ -1,0 +1,109 @@
+"""Failure reading against log excerpts captured on the 2x H200 machine (vLLM 0.26.0, CUDA).
+
+Source: the evidence study of docs/evidence/h200.md. Machine paths are shortened to ``…``; nothing
+else is edited. Tests marked ``xfail(strict=True, reason="BUG: ...")`` describe behaviour the GPU
+run showed to be wrong; the patch for each is in docs/evidence/h200.md ("Bugs found").
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tuner.failures import FailureClass, classify_startup_failure
+
+# A TP2 launch with torch.compile + CUDA graphs that stalled after compilation (GPU memory flat at
+# ~3 GB on both GPUs, SM use 0 % for 60 s) until dsv4-tune's 180 s ready timeout stopped it.
+HUNG_TP2_COMPILE_TAIL = """\
+(APIServer pid=1035) WARNING 11-30 00:49:59 [system_utils.py:299] Found ulimit of 20000 and failed to automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n
+(Worker_TP0 pid=1550) Loading safetensors checkpoint shards:   0% Completed | 0/1 [00:00<?, ?it/s]
+(Worker_TP0 pid=1550) Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00,  5.04it/s]
+(Worker_TP0 pid=1550) Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00,  5.03it/s]
+(Worker_TP0 pid=1550)
+(Worker_TP0 pid=1550) INFO 11-30 00:51:21 [default_loader.py:430] Loading weights took 0.21 seconds
+(Worker_TP0 pid=1550) INFO 11-30 00:51:21 [unquantized.py:375] Using TritonExperts MoE backend
+(Worker_TP0 pid=1550) INFO 11-30 00:51:22 [gpu_model_runner.py:5347] Model loading took 0.26 GiB memory and 0.578329 seconds
+(Worker_TP0 pid=1550) INFO 11-30 00:51:25 [backends.py:1155] Dynamo bytecode transform time: 2.72 s
+(Worker_TP0 pid=1550) INFO 11-30 00:51:25 [flashinfer_all_reduce.py:121] Auto-selected flashinfer allreduce backend: mnnvl
+(Worker_TP0 pid=1550) …/torch/distributed/c10d_logger.py:83: UserWarning: barrier(): using the device under current context. You can specify `device_id` in `init_process_group` to mute this warning.
+(Worker_TP0 pid=1550)   return func(*args, **kwargs)
+[rank0]:[W1130 00:51:25.878518424 ProcessGroupNCCL.cpp:5188] Guessing device ID based on global rank. This can cause a hang if rank to GPU mapping is heterogeneous. You can specify device_id in init_process_group()
+(Worker_TP0 pid=1550) INFO 11-30 00:51:25 [flashinfer_all_reduce.py:170] Initialized FlashInfer Allreduce norm fusion workspace with backend=mnnvl
+(Worker_TP0 pid=1550) INFO 11-30 00:51:33 [backends.py:378] Cache the graph of compile range (1, 8192) for later use
+(Worker_TP0 pid=1550) INFO 11-30 00:51:37 [backends.py:393] Compiling a graph for compile range (1, 8192) takes 11.49 s
+(Worker_TP0 pid=1550) INFO 11-30 00:51:38 [monitor.py:53] torch.compile took 16.19 s in total
+(EngineCore pid=1438) INFO 11-30 00:52:23 [shm_broadcast.py:705] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).
+"""
+
+# What the tool's pre-launch validator said about a legal launch on that machine (vLLM 0.26 keeps
+# its serve parser in vllm.entrypoints.openai.cli_args; the tool imports the 0.32 path).
+VALIDATOR_ON_026 = "ModuleNotFoundError: No module named 'vllm.entrypoints.launchers'"
+
+
+@pytest.mark.parametrize("returncode", [-9, -15, 1])
+def test_hung_tp2_start_is_neither_oom_nor_bad_flag(returncode: int) -> None:
+    """The WARNING about ``OSError: Too many open files`` and the torch warnings decide nothing."""
+    diag = classify_startup_failure(HUNG_TP2_COMPILE_TAIL, returncode)
+    assert diag.failure_class == FailureClass.CRASH
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: torch C++ warnings carry a '[rank0]:' prefix under torch.distributed, "
+                   "so _BENIGN misses them and the reason quotes 'Guessing device ID ... can cause a hang' as the "
+                   "last log line of a killed TP launch")
+def test_rank_prefixed_torch_warning_is_not_the_reason() -> None:
+    diag = classify_startup_failure(HUNG_TP2_COMPILE_TAIL, -9)
+    assert "Guessing device ID" not in diag.reason
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a startup timeout says only 'server not ready after N s'; on a GPU the "
+                   "useful evidence is where it stalled (after torch.compile, before CUDA-graph capture / KV sizing)")
+def test_timeout_reason_names_the_last_progress() -> None:
+    from tuner.failures import describe_stall  # type: ignore[attr-defined]
+
+    text = describe_stall(HUNG_TP2_COMPILE_TAIL)
+    assert "torch.compile took 16.19 s" in text or "No available shared memory broadcast block" in text
+
+
+@pytest.fixture
+def vllm_026_layout(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The installed vLLM, rearranged as 0.26 has it: serve parser only at the openai path."""
+    pytest.importorskip("vllm", reason="vLLM is not importable here")
+    import importlib
+
+    try:
+        parser_module = importlib.import_module("vllm.entrypoints.launchers.cli_args")
+    except ModuleNotFoundError:
+        parser_module = importlib.import_module("vllm.entrypoints.openai.cli_args")
+    from tuner import vllm_validate
+
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers.cli_args", None)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers", None)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.cli_args", parser_module)
+    vllm_validate._parser.cache_clear()
+    yield vllm_validate
+    vllm_validate._parser.cache_clear()
+
+
+@pytest.mark.xfail(strict=True, reason=f"BUG: on vLLM 0.26 every launch is refused before it starts: {VALIDATOR_ON_026}")
+def test_validator_reads_the_026_serve_parser(vllm_026_layout) -> None:  # type: ignore[no-untyped-def]
+    problems = vllm_026_layout.validate_options({"model": "some/hub-model", "max-num-seqs": 64,
+                                                 "tensor-parallel-size": 2})
+    assert problems == []
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: --prevalidate auto treats 'vLLM imports' as 'vLLM's parser is usable'; "
+                   "when the parser cannot be built, every configuration is refused instead of validation being "
+                   "skipped")
+def test_auto_prevalidation_is_skipped_when_the_parser_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not importable here")
+    from tuner import vllm_validate
+
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers.cli_args", None)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers", None)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.cli_args", None)
+    vllm_validate._parser.cache_clear()
+    try:
+        assert vllm_validate.vllm_available() is False
+    finally:
+        vllm_validate._parser.cache_clear()
