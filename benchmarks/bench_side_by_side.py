@@ -1,13 +1,15 @@
 """dsv4-tune vs ``vllm bench sweep serve`` vs random search, same wall-clock budget, real vLLM CPU build.
 
-    .venv/bin/python benchmarks/bench_side_by_side.py --budget-s 480 --out runs/side-by-side
+    .venv/bin/python benchmarks/bench_side_by_side.py --budget-s 360 --out runs/side-by-side --confirm --lock-once
 
 Each method gets the same search space (``benchmarks/cpu_wide.yaml``), the same model (the generated
 demo model), the same workload and SLOs (``benchmarks/throughput_bench.yaml``) and the same
 wall-clock budget, measured from the moment it holds ``/tmp/vllm-server.lock``:
 
-- ``tpe``: ``python -m tuner.cli run --hw benchmarks/cpu_wide.yaml --budget ...`` (the study's own
-  sampler: constrained multivariate TPE, the profile's baseline first).
+- ``tpe``: ``python -m tuner.cli run --hw benchmarks/cpu_wide.yaml --budget ... --confirm-top-k 0``
+  (the study's own sampler: constrained multivariate TPE, the profile's baseline first; the
+  confirmation phase off by default, like the sweep's single run per point:
+  ``--tuner-confirm-top-k`` turns it on).
 - ``random``: the same study with ``tuner.study.make_sampler`` replaced by Optuna's RandomSampler
   (patched inside this script's child process; ``study.py`` is untouched).
 - ``sweep``: ``vllm bench sweep serve`` over a Cartesian grid of max-num-seqs ×
@@ -17,7 +19,8 @@ wall-clock budget, measured from the moment it holds ``/tmp/vllm-server.lock``:
 With ``--confirm`` each method's winner is launched once more through the tuner's own harness
 (same client, same SLOs), so the three winners are compared on equal terms and a lucky single run
 shows up. Every vLLM start holds ``flock /tmp/vllm-server.lock``: the three methods, and the
-confirmation, each take it in turn. Results go to ``OUT/results.json`` and a markdown table on
+confirmation, each take it in turn, or with ``--lock-once`` the whole script takes it once. Results
+are written up in ``docs/search.md``. Results go to ``OUT/results.json`` and a markdown table on
 stdout.
 """
 
@@ -86,6 +89,9 @@ def _run_locked(argv: list[str], *, log_path: Path, budget_s: float | None, env:
                     if math.isnan(started):
                         started = None
             if started is not None and budget_s is not None and time.time() > started + budget_s + grace_s:
+                # Servers the child started in sessions of their own (vllm bench sweep does) are not in
+                # its process group and survive a SIGTERM to it: note their groups first.
+                groups = _descendant_groups(proc.pid) - {proc.pid}
                 # SIGTERM first (the tuner stops its server and records the trial), then SIGKILL.
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
@@ -95,12 +101,33 @@ def _run_locked(argv: list[str], *, log_path: Path, budget_s: float | None, env:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+                for group in groups:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(group, signal.SIGKILL)
                 break
             time.sleep(1.0)
         if started is None and marker.exists():
             started = float(marker.read_text().strip())
     elapsed = time.time() - (started if started is not None else time.time())
     return proc.returncode if proc.returncode is not None else -1, elapsed
+
+
+def _descendant_groups(root: int) -> set[int]:
+    """Process groups of ``root`` and all its descendants (read from /proc)."""
+    parent: dict[int, int] = {}
+    group: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            pid = int(stat.parent.name)
+            parent[pid], group[pid] = int(fields[1]), int(fields[2])
+    found, frontier = set(), [root]
+    while frontier:
+        pid = frontier.pop()
+        if pid in group:
+            found.add(group[pid])
+        frontier.extend(child for child, ppid in parent.items() if ppid == pid)
+    return found
 
 
 # -- dsv4-tune and random search --------------------------------------------------------------------

@@ -3,11 +3,13 @@
 The space is a realistic 4-GPU hardware profile (:data:`PROFILE`), drawn through the study's own
 ``tuner.space.suggest`` (define-by-run, conditional levers): a topology categorical (TP4, TP2×DP2,
 with or without EP, DP4+EP, DP4), the cpu profile's scheduler levers, a GPU-memory share, a CUDA-graph
-mode, an all-to-all backend that exists only under expert parallelism, and MTP draft tokens.
+mode, an all-to-all backend that exists only under expert parallelism, and 0–3 draft tokens
+(272 160 configurations). :data:`SMALL_PROFILE` searches only the cpu profile's levers, with topology,
+all-to-all and CUDA graphs fixed at their best values (10 080 configurations).
 
 :func:`evaluate` is a made-up but plausibly shaped serving model:
 
-- throughput rises with max-num-seqs and saturates; DP+EP beats TP on a MoE; MTP helps most at low
+- throughput rises with max-num-seqs and saturates; DP+EP beats TP on a MoE; speculation helps most at low
   batch; fp8 KV helps at high batch; small prefill chunks cost a little;
 - p95 ITL rises with batch size and draft tokens, so the ITL SLO binds near the optimum (the
   unconstrained best is infeasible);

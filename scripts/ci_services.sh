@@ -120,9 +120,31 @@ ray_start() {
   echo "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0"
 }
 
+ray_pids() {
+  # this cluster's processes only: those naming its temp dir, and their children (ray:: workers)
+  local p c own=""
+  for p in /proc/[0-9]*; do
+    c=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    case "$c" in *"$DIR/ray/"*) own="$own ${p#/proc/}" ;; esac
+  done
+  [ -n "$own" ] || return 0
+  echo "$own"
+  for p in $own; do pgrep -P "$p" || true; done
+}
+
 ray_stop() {
-  # `ray stop` ends this user's Ray processes on this machine; CI machines run only this cluster.
-  [ -x "$RAY_BIN" ] && "$RAY_BIN" stop >&2 2>/dev/null || true
+  local pids; pids=$(ray_pids | tr '\n' ' ')
+  [ -n "${pids// /}" ] || return 0
+  say "stopping the Ray head (pids $pids)"
+  kill -TERM $pids 2>/dev/null || true
+  local p alive
+  for _ in $(seq 20); do
+    alive=""
+    for p in $pids; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
+    [ -n "$alive" ] || return 0
+    sleep 0.5
+  done
+  kill -KILL $alive 2>/dev/null || true
 }
 
 case "$ACTION:$WHICH" in

@@ -39,9 +39,10 @@ from optuna.trial import TrialState
 from tuner import store
 from tuner.launcher import stop_orphans
 from tuner.objective import failed_score
+from tuner.prelaunch import PreLaunch
 from tuner.space import build_config, suggest
 from tuner.study import MAX_DUPLICATES_IN_A_ROW, Study, StudyLock, StudyRecord, launched_keys_numbers, storage_url
-from tuner.trial import TrialOutcome, run_trial
+from tuner.trial import TrialContext, TrialOutcome, run_trial
 from tuner.worker import (
     REFERENCE_ATTR,
     NodeIdentity,
@@ -181,6 +182,7 @@ def _make_searcher(study: Study, storage: optuna.storages.BaseStorage, on_mismat
     from ray.tune.search.optuna import OptunaSearch
 
     profile = study.profile
+    prelaunch = PreLaunch(profile, study.checkpoint, study.objective, study.record.prevalidate)
 
     def space(trial: optuna.Trial) -> None:
         suggest(profile, trial)
@@ -193,6 +195,7 @@ def _make_searcher(study: Study, storage: optuna.storages.BaseStorage, on_mismat
                              else "min", sampler=shared_sampler(study.record.seed), study_name=study.record.name,
                              storage=storage)
             self.running: dict[str, str] = {}
+            self.ctx: TrialContext | None = None
 
         def suggest(self, trial_id: str) -> dict[Any, Any] | None:
             ostudy = self._study()
@@ -210,6 +213,11 @@ def _make_searcher(study: Study, storage: optuna.storages.BaseStorage, on_mismat
                         ostudy.tell(ot_trial, state=TrialState.FAIL)
                     del self._ot_trials[trial_id]
                     continue
+                verdict = prelaunch.check(config, self._context())
+                if verdict is not None:  # the local loop's pre-launch pruning, before a node is spent on it
+                    study._tell_pruned(ostudy, ot_trial, config, verdict)
+                    del self._ot_trials[trial_id]
+                    continue
                 ot_trial.set_user_attr("trial_dir", str(store.trial_dir(study.path, ot_trial.number)
                                                         .relative_to(study.path)))
                 ot_trial.set_user_attr("config_key", key)
@@ -221,6 +229,11 @@ def _make_searcher(study: Study, storage: optuna.storages.BaseStorage, on_mismat
             log.warning("the sampler keeps proposing launched configurations; space exhausted")
             finished: Any = Searcher.FINISHED  # a string Tune takes for "no more trials"
             return finished  # type: ignore[no-any-return]
+
+        def _context(self) -> TrialContext:
+            if self.ctx is None:
+                self.ctx = study.context()
+            return self.ctx
 
         def _study(self) -> optuna.Study:
             ostudy: optuna.Study = self.__dict__["_ot_study"]  # set by OptunaSearch._setup_study

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 DEMO_MODEL = "demo"
 MAX_DUPLICATES_IN_A_ROW = 50
+# Attributes about a trial's place in the study, not about its result: never copied to a duplicate.
+_BOOKKEEPING_ATTRS = frozenset({"trial_dir", "retry_of", "baseline", "control_for", "interrupted"})
 
 
 class StudyRecord(BaseModel):
@@ -316,39 +318,56 @@ class Study:
                 break
             trial = study.ask()
             config = suggest(self.profile, trial)
-            key = config.key()
-            if key in launched_keys:
-                self._tell_duplicate(study, trial, launched_keys[key])
-                duplicates += 1
-                if duplicates >= MAX_DUPLICATES_IN_A_ROW:
-                    progress.last = "the sampler keeps proposing launched configurations; space exhausted"
-                    break
-                continue
-            duplicates = 0
-            verdict = prelaunch.check(config, ctx)
-            if verdict is not None:
-                self._tell_pruned(study, trial, config, verdict)
-                launched_keys[key] = trial.number
-                progress.events.append(f"trial {trial.number} pruned before launch: {verdict.reason[:100]}")
-                on_progress(progress)
-                continue
-            outcome = self._run_one(study, trial, config, ctx, progress, on_progress, should_stop)
-            launched_keys[key] = trial.number
-            progress.launched += 1
-            self._update_best(study, progress)
-            progress.last = (f"trial {trial.number}: {outcome.value:.1f} {self.objective.metric}"
-                             if outcome.ok else f"trial {trial.number} failed: {outcome.failure_class}")
-            progress.events.append(progress.last)
-            on_progress(progress)
-            if config.is_speculative:
-                self._enqueue_control(study, config, launched_keys)
-            self.write_trials_table(study)
+            if config.is_speculative and config.control().key() not in launched_keys:
+                # The control launches first, beside its speculative twin, so that the twin's gates can
+                # compare with it and the report can show the speculative gain.
+                study.enqueue_trial(dict(config.control().params), user_attrs={"control_for": config.key()})
+                control = study.ask()
+                try:
+                    self._attempt(study, control, suggest(self.profile, control), ctx, prelaunch, launched_keys,
+                                  progress, on_progress, should_stop)
+                except BaseException:
+                    trial.set_user_attr("interrupted", True)
+                    study.tell(trial, state=TrialState.FAIL)
+                    raise
+            status = self._attempt(study, trial, config, ctx, prelaunch, launched_keys, progress, on_progress,
+                                   should_stop)
+            duplicates = duplicates + 1 if status == "duplicate" else 0
+            if duplicates >= MAX_DUPLICATES_IN_A_ROW:
+                progress.last = "the sampler keeps proposing launched configurations; space exhausted"
+                break
         if not should_stop():
             self._confirm(study, ctx, progress, on_progress, should_stop)
         progress.phase = "done"
         on_progress(progress)
         self.write_trials_table(study)
         return study
+
+    def _attempt(self, study: optuna.Study, trial: optuna.Trial, config: ServeConfig, ctx: TrialContext,
+                 prelaunch: PreLaunch, launched_keys: dict[str, int], progress: Progress,
+                 on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> str:
+        """Tell one asked trial: reuse a duplicate, refuse before launch, or launch it."""
+        key = config.key()
+        if key in launched_keys:
+            self._tell_duplicate(study, trial, launched_keys[key])
+            return "duplicate"
+        verdict = prelaunch.check(config, ctx)
+        if verdict is not None:
+            self._tell_pruned(study, trial, config, verdict)
+            launched_keys[key] = trial.number
+            progress.events.append(f"trial {trial.number} pruned before launch: {verdict.reason[:100]}")
+            on_progress(progress)
+            return "pruned"
+        outcome = self._run_one(study, trial, config, ctx, progress, on_progress, should_stop)
+        launched_keys[key] = trial.number
+        progress.launched += 1
+        self._update_best(study, progress)
+        progress.last = (f"trial {trial.number}: {outcome.value:.1f} {self.objective.metric}"
+                         if outcome.ok else f"trial {trial.number} failed: {outcome.failure_class}")
+        progress.events.append(progress.last)
+        on_progress(progress)
+        self.write_trials_table(study)
+        return "launched"
 
     # -- pre-launch pruning --------------------------------------------------------------------
     def _tell_pruned(self, study: optuna.Study, trial: optuna.Trial, config: ServeConfig, verdict: Any) -> None:
@@ -514,7 +533,7 @@ class Study:
         """A configuration already launched: reuse its result instead of launching it again."""
         first = study.trials[original]
         for key, value in first.user_attrs.items():
-            if key not in ("trial_dir",):
+            if key not in _BOOKKEEPING_ATTRS:
                 trial.set_user_attr(key, value)
         trial.set_user_attr("duplicate_of", original)
         for name, margin in first.constraints.items():
@@ -523,12 +542,11 @@ class Study:
         study.tell(trial, value)
 
     def _enqueue_control(self, study: optuna.Study, config: ServeConfig, launched: dict[str, int]) -> None:
+        """Queue the no-speculation control of a speculative trial (distributed runners: no local order)."""
         control = config.control()
         if control.key() in launched:
             return
-        log.info("queueing the no-speculation control of the last trial")
-        study.enqueue_trial(dict(control.params), user_attrs={"control_for": config.key()},
-                            skip_if_exists=True)
+        study.enqueue_trial(dict(control.params), user_attrs={"control_for": config.key()}, skip_if_exists=True)
 
     @staticmethod
     def _launched_keys(study: optuna.Study) -> dict[str, int]:

@@ -45,6 +45,7 @@ from tuner import store
 from tuner.errors import StudyError, UsageError
 from tuner.identity import gpu_identity
 from tuner.launcher import stop_orphans
+from tuner.prelaunch import PreLaunch
 from tuner.space import suggest
 from tuner.study import (
     MAX_DUPLICATES_IN_A_ROW,
@@ -439,6 +440,7 @@ class Worker:
         progress = Progress(study=record.name, target=record.trials, deadline=deadline)
         duplicates = 0
         identity = self.identity()
+        prelaunch = PreLaunch(study.profile, study.checkpoint, study.objective, record.prevalidate)
         while True:
             with launch_lock(self.options.launch_lock):
                 stopped = stop_orphans(study.path / "trials")
@@ -480,6 +482,11 @@ class Worker:
                         duplicates += 1
                         continue
                     duplicates = 0
+                    verdict = prelaunch.check(config, ctx)
+                    if verdict is not None:  # the local loop's pre-launch pruning (memory model, vLLM's parser)
+                        study._tell_pruned(ostudy, trial, config, verdict)
+                        progress.events.append(f"trial {trial.number} pruned before launch: {verdict.reason[:100]}")
+                        continue
                     try:
                         outcome = study._run_one(ostudy, trial, config, ctx, progress, on_progress, lambda: False)
                     except KeyboardInterrupt:

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (log lines are quoted as captured)
 """Failure reading against log excerpts captured on the 2x H200 machine (vLLM 0.26.0, CUDA).
 
 Source: the evidence study of docs/evidence/h200.md. Machine paths are shortened to ``…``; nothing

@@ -71,7 +71,8 @@ def test_failures_are_complete_with_violated_constraints(tmp_path: Path, fake_la
     study_obj = _study(tmp_path, trials=12)
     optuna_study = study_obj.run()
     told = [t for t in optuna_study.trials if "duplicate_of" not in t.user_attrs]
-    assert len([t for t in told if t.state == TrialState.COMPLETE]) == 12
+    # a speculative proposal launches with its control, so the last pair may pass --trials by one
+    assert 12 <= len([t for t in told if t.state == TrialState.COMPLETE]) <= 13
     failed = [t for t in told if t.user_attrs.get("failure_class") == "bad_flag"]
     for t in failed:
         assert t.state == TrialState.COMPLETE
@@ -85,13 +86,14 @@ def test_never_launches_the_same_configuration_twice(tmp_path: Path, fake_launch
     assert len(keys) == len(set(keys))
 
 
-def test_speculative_trials_are_followed_by_their_control(tmp_path: Path,
-                                                          fake_launches: list[ServeConfig]) -> None:
+def test_speculative_trials_launch_after_their_control(tmp_path: Path,
+                                                       fake_launches: list[ServeConfig]) -> None:
     _study(tmp_path, trials=10).run()
-    keys = {c.key() for c in fake_launches}
-    for index, config in enumerate(fake_launches[:-1]):
+    assert any(c.is_speculative for c in fake_launches)
+    for index, config in enumerate(fake_launches):
         if config.is_speculative:
-            assert config.control().key() in keys, f"launch {index} has no control"
+            earlier = {c.key() for c in fake_launches[:index]}
+            assert config.control().key() in earlier, f"launch {index} ran before its control"
 
 
 def test_sampler_finds_the_feasible_optimum_region(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:
@@ -141,13 +143,14 @@ def test_interrupt_marks_the_trial_and_resume_requeues_it(tmp_path: Path, monkey
     with pytest.raises(KeyboardInterrupt):
         study_obj.run()
     interrupted = [t for t in study_obj.optuna_study().trials if t.user_attrs.get("interrupted")]
-    assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    assert 1 <= len(interrupted) <= 2  # the control and its already-asked twin, when a control is hit
+    assert all(t.state == TrialState.FAIL for t in interrupted)
     resumed = Study.open("s", tmp_path / "runs")
     optuna_study = resumed.run()
     retried = [t for t in optuna_study.trials if t.user_attrs.get("retry_of") == interrupted[0].number]
     assert len(retried) == 1 and retried[0].params == interrupted[0].params
     done = [t for t in optuna_study.trials if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
-    assert len(done) == 4
+    assert 4 <= len(done) <= 5  # a control/speculative pair may pass --trials by one
 
 
 def test_second_tuner_on_the_same_study_is_refused(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:
