@@ -48,7 +48,7 @@ _BENIGN = re.compile(
     r"^(?:\([^)]*\)\s*)?(?:DEBUG|INFO|WARNING|WARN)\b"
     r"|\b(?:User|Future|Deprecation|Runtime|Resource)Warning:"
     r"|^warnings\.warn\("
-    r"|^\[W\d{4} ")
+    r"|^(?:\[rank\d+\]:)?\[W\d{4} ")  # torch C++ warnings; rank-prefixed under torch.distributed
 
 # How much of the log end classification reads: vLLM prints the root cause of a failed engine
 # start (a worker's ValueError) well above the API server's own traceback.
@@ -90,6 +90,23 @@ def classify_startup_failure(log_tail: str, returncode: int | None) -> Diagnosis
                 return Diagnosis(failure_class, _clip(line))
     last = evidence[-1] if evidence else (lines[-1] if lines else "(empty log)")
     return Diagnosis(FailureClass.CRASH, _clip(f"{describe_returncode(returncode)}; last log line: {last}"))
+
+
+_LOG_RECORD = re.compile(r"^(?:\([^)]*\)\s*)?(?:INFO|WARNING|WARN|ERROR)\s+\S+\s+\S+\s+\[[^\]]+\]\s*(.*)$")
+
+
+def describe_stall(log_tail: str) -> str:
+    """Where a server that never became ready got to: its last log record, for a TIMEOUT reason.
+
+    On a GPU a start can stall after torch.compile (CUDA-graph capture, collective setup, KV sizing);
+    the last record says which, e.g. ``torch.compile took 16.19 s in total`` or vLLM's
+    ``No available shared memory broadcast block found in 60 seconds`` (a worker hangs).
+    """
+    for line in reversed([ln.strip() for ln in log_tail.splitlines() if ln.strip()]):
+        match = _LOG_RECORD.match(line)
+        if match and match.group(1):
+            return _clip(match.group(1), 300)
+    return ""
 
 
 def _clip(text: str, limit: int = 400) -> str:

@@ -24,7 +24,7 @@ from types import TracebackType
 import httpx
 
 from tuner.errors import LaunchError, PortInUseError
-from tuner.failures import CLASSIFY_TAIL_BYTES, FailureClass, classify_startup_failure
+from tuner.failures import CLASSIFY_TAIL_BYTES, FailureClass, classify_startup_failure, describe_stall
 
 log = logging.getLogger(__name__)
 
@@ -308,9 +308,12 @@ class ServerProcess:
                 if self._answers(client):
                     return time.monotonic() - started
                 if time.monotonic() > deadline:
-                    raise LaunchError(f"server not ready after {self.spec.ready_timeout_s:.0f} s",
+                    log_tail = tail(self.log_path)
+                    stall = describe_stall(log_tail)
+                    raise LaunchError(f"server not ready after {self.spec.ready_timeout_s:.0f} s"
+                                      + (f"; last progress: {stall}" if stall else ""),
                                       failure_class=FailureClass.TIMEOUT.value, log_path=self.log_path,
-                                      log_tail=tail(self.log_path))
+                                      log_tail=log_tail)
                 if should_stop is not None and should_stop():
                     raise LaunchError("stopped while waiting for the server",
                                       failure_class=FailureClass.INTERRUPTED.value, log_path=self.log_path)

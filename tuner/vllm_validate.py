@@ -37,9 +37,26 @@ class _ParseError(Exception):
     """Raised by the parser in place of ``sys.exit``."""
 
 
+def _cli_args() -> Any:
+    """The module holding ``make_arg_parser``: ``vllm.entrypoints.launchers.cli_args`` since vLLM 0.3x,
+    ``vllm.entrypoints.openai.cli_args`` before (0.26 on the H200 machine)."""
+    import importlib
+
+    for name in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    raise ModuleNotFoundError("vLLM's serve argument parser (cli_args) was not found")
+
+
 def vllm_available() -> bool:
+    """vLLM imports here AND its serve parser can be built; else validation is skipped, never
+    turned into a refusal of every configuration."""
     try:
         import vllm  # noqa: F401
+
+        _parser()
     except Exception:
         return False
     return True
@@ -47,8 +64,9 @@ def vllm_available() -> bool:
 
 @lru_cache(maxsize=1)
 def _parser() -> argparse.ArgumentParser:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    make_arg_parser = _cli_args().make_arg_parser
 
     class RaisingParser(FlexibleArgumentParser):  # type: ignore[misc]
         def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
@@ -100,10 +118,9 @@ def validate_options(options: Mapping[str, Any]) -> list[str]:
     problems = _speculative_problems(options.get(SPECULATIVE_OPTION))
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
         args = _parser().parse_args(argv)
-        validate_parsed_serve_args(args)
+        _cli_args().validate_parsed_serve_args(args)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         if model is not None and (Path(str(model)) / "config.json").is_file():
             engine_args.create_engine_config()

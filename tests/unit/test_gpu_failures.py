@@ -2,8 +2,8 @@
 """Failure reading against log excerpts captured on the 2x H200 machine (vLLM 0.26.0, CUDA).
 
 Source: the evidence study of docs/evidence/h200.md. Machine paths are shortened to ``…``; nothing
-else is edited. Tests marked ``xfail(strict=True, reason="BUG: ...")`` describe behaviour the GPU
-run showed to be wrong; the patch for each is in docs/evidence/h200.md ("Bugs found").
+else is edited. Several of these reproduce bugs the GPU run showed (docs/evidence/h200.md, "Bugs
+found"); they failed before the fixes and now guard against regressions.
 """
 
 from __future__ import annotations
@@ -49,16 +49,11 @@ def test_hung_tp2_start_is_neither_oom_nor_bad_flag(returncode: int) -> None:
     assert diag.failure_class == FailureClass.CRASH
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: torch C++ warnings carry a '[rank0]:' prefix under torch.distributed, "
-                   "so _BENIGN misses them and the reason quotes 'Guessing device ID ... can cause a hang' as the "
-                   "last log line of a killed TP launch")
 def test_rank_prefixed_torch_warning_is_not_the_reason() -> None:
     diag = classify_startup_failure(HUNG_TP2_COMPILE_TAIL, -9)
     assert "Guessing device ID" not in diag.reason
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a startup timeout says only 'server not ready after N s'; on a GPU the "
-                   "useful evidence is where it stalled (after torch.compile, before CUDA-graph capture / KV sizing)")
 def test_timeout_reason_names_the_last_progress() -> None:
     from tuner.failures import describe_stall  # type: ignore[attr-defined]
 
@@ -86,16 +81,12 @@ def vllm_026_layout(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped
     vllm_validate._parser.cache_clear()
 
 
-@pytest.mark.xfail(strict=True, reason=f"BUG: on vLLM 0.26 every launch is refused before it starts: {VALIDATOR_ON_026}")
 def test_validator_reads_the_026_serve_parser(vllm_026_layout) -> None:  # type: ignore[no-untyped-def]
     problems = vllm_026_layout.validate_options({"model": "some/hub-model", "max-num-seqs": 64,
                                                  "tensor-parallel-size": 2})
     assert problems == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --prevalidate auto treats 'vLLM imports' as 'vLLM's parser is usable'; "
-                   "when the parser cannot be built, every configuration is refused instead of validation being "
-                   "skipped")
 def test_auto_prevalidation_is_skipped_when_the_parser_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("vllm", reason="vLLM is not importable here")
     from tuner import vllm_validate
