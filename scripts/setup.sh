@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for dsv4-tune: one venv (.venv) with the vLLM CPU build and the tool.
 # Idempotent; safe to re-run. Usage: bash scripts/setup.sh
+# DSV4_EXTRAS overrides what is installed, e.g. DSV4_EXTRAS='.[demo]' for the demo alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -29,5 +30,5 @@ except md.PackageNotFoundError:
     (d / "RECORD").write_text("")
     print("wrote", d.name)
 PYEOF
-python -m pip install -q -e '.[test,demo]'
+python -m pip install -q -e "${DSV4_EXTRAS:-.[test,demo,ray,postgres]}"
 python -c "import vllm, tuner; print('vllm', vllm.__version__, '| dsv4-tune ready')"

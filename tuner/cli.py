@@ -15,16 +15,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from tuner import catalog
+from tuner import catalog, cli_scaleout
 from tuner.engine import DEFAULT_VLLM_CMD
 from tuner.errors import CatalogError, TunerError, UnknownNameError, UsageError
 
+if TYPE_CHECKING:
+    from tuner.study import StudyRecord
+
 console = Console(stderr=False, highlight=False)
-SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report"}
+SCALEOUT: dict[str, cli_scaleout.Command] = {}
+SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report", "worker"}
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 
 
@@ -65,7 +70,7 @@ def parse_guards(text: str | None) -> list[str] | None:
     return names
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError as exc:
@@ -84,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="start a new study (the default command)")
     run.add_argument("--hw", required=True, help="hardware profile name or YAML path (see `dsv4-tune list`)")
     run.add_argument("--objective", default="throughput", help="objective name or YAML path")
-    run.add_argument("--trials", type=_positive_int, help="stop after this many launches")
+    run.add_argument("--trials", type=positive_int, help="stop after this many launches")
     run.add_argument("--budget", help="stop before this much wall time is spent, e.g. 8h, 90m")
     run.add_argument("--study", help="study name (default: <hw>-<objective>-<timestamp>)")
     run.add_argument("--model", help="model path or hub id (default: the profile's; 'demo' = generated)")
@@ -103,15 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
                      "vLLM imports here; use off when --vllm-cmd runs another vLLM version)")
     run.add_argument("--confirm-top-k", type=int, default=2, metavar="K",
                      help="confirm the K best screening trials with longer, repeated runs (0 = off)")
-    run.add_argument("--confirm-repeats", type=_positive_int, default=3, metavar="N",
+    run.add_argument("--confirm-repeats", type=positive_int, default=3, metavar="N",
                      help="measurement repeats per confirmation launch (default 3)")
     run.add_argument("--guards", help="comma-separated guard names or YAML paths (default: the objective's); "
                      "'none' for no gates")
     _add_runs_dir(run)
+    cli_scaleout.add_run_args(run)
 
     resume = sub.add_parser("resume", help="continue a stopped study")
     resume.add_argument("name")
-    resume.add_argument("--trials", type=_positive_int, help="new total trial target")
+    resume.add_argument("--trials", type=positive_int, help="new total trial target")
     resume.add_argument("--budget", help="wall time for this session of the study")
     resume.add_argument("--no-export", action="store_true")
     _add_runs_dir(resume)
@@ -140,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo-model", help="generate the tiny demo model (tokenizer + random weights)")
     demo.add_argument("dir", type=Path)
     demo.add_argument("--seed", type=int, default=0)
+    SCALEOUT.update(cli_scaleout.add_commands(sub))
     return parser
 
 
@@ -147,7 +154,7 @@ def _add_runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where studies live (default ./runs)")
 
 
-def _install_signal_handlers() -> None:
+def install_signal_handlers() -> None:
     def stop(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -179,7 +186,7 @@ def _run_study(study, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     from tuner.export import export_best
     from tuner.report import write_report
 
-    _install_signal_handlers()
+    install_signal_handlers()
     console.print(f"study [bold]{study.record.name}[/] in {study.path}")
     try:
         optuna_study = study.run(on_progress=_progress_printer(time.time()))
@@ -202,9 +209,11 @@ def _run_study(study, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def record_from_args(args: argparse.Namespace) -> StudyRecord:
+    """The study record a `run` command line asks for (shared by the local and Ray backends)."""
     from tuner.confirm import ConfirmSpec
-    from tuner.study import Study, new_record
+    from tuner.engine import resolve_vllm_cmd
+    from tuner.study import new_record, resolve_model
 
     budget_s = parse_duration(args.budget) if args.budget else None
     record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
@@ -213,14 +222,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                         guards=parse_guards(args.guards), checkpoint=args.checkpoint,
                         prevalidate=args.prevalidate,
                         confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats))
-    from tuner.engine import resolve_vllm_cmd
-    from tuner.study import resolve_model
-
     resolve_vllm_cmd(record.vllm_cmd)
     resolve_model(record.model, args.runs_dir)
     if record.trials is None and record.budget_s is None:
         raise UsageError("give --trials N or --budget DURATION (or both), so the study knows when to stop")
-    study = Study.create(record, args.runs_dir)
+    return record
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.study import Study
+
+    if args.backend == "ray":
+        return SCALEOUT["ray"](args)
+    study = Study.create(record_from_args(args), args.runs_dir)
     return _run_study(study, args)
 
 
@@ -318,7 +332,11 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "resume": cmd_resume, "export": cmd_export, "status": cmd_status,
+def cmd_worker(args: argparse.Namespace) -> int:
+    return SCALEOUT["worker"](args)
+
+
+COMMANDS = {"worker": cmd_worker, "run": cmd_run, "resume": cmd_resume, "export": cmd_export, "status": cmd_status,
             "list": cmd_list, "plan": cmd_plan, "demo-model": cmd_demo_model, "report": cmd_report}
 
 

@@ -1,29 +1,18 @@
 """Command line of the scale-out modes: ``dsv4-tune worker`` and ``dsv4-tune run --backend ray``.
 
-The main CLI wires these in with one call::
-
-    scaleout = cli_scaleout.add_commands(sub)          # registers `worker`; returns {"worker": ..., "ray": ...}
-    cli_scaleout.add_run_args(run)                      # --backend, --ray-address, ... on the `run` parser
-    ...
-    if args.command == "run" and args.backend == "ray":
-        return scaleout["ray"](args)
-
-Until then both run standalone: ``python -m tuner.cli_scaleout worker ...`` and
-``python -m tuner.cli_scaleout run --backend ray ...`` (the same parser as ``dsv4-tune run``).
+:mod:`tuner.cli` registers them: ``add_commands`` adds the ``worker`` subcommand and returns the
+runners, ``add_run_args`` adds ``--backend ray`` and its options to ``run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
-from tuner.errors import TunerError, UsageError
+from tuner.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +20,9 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from exc
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    from tuner.cli import positive_int
+
+    return positive_int(text)
 
 
 def _count(text: str) -> int:
@@ -104,14 +89,6 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
                        help="a trial on a node unlike the study's first: refuse (FAIL, not ranked) or label")
 
 
-def _install_signal_handlers() -> None:
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
-
-
 def _creation_record(args: argparse.Namespace) -> object | None:
     if not args.hw:
         return None
@@ -137,7 +114,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     options = WorkerOptions(worker_id=args.worker_id or socket.gethostname(), launch_lock=args.launch_lock,
                             on_mismatch=args.on_mismatch,
                             budget_s=parse_duration(args.budget) if args.budget else None)
-    _install_signal_handlers()
+    from tuner.cli import install_signal_handlers
+
+    install_signal_handlers()
     try:
         study = run_worker(args.study, args.runs_dir, options, storage_url=args.storage,
                            heartbeat_interval_s=args.heartbeat_interval, grace_period_s=args.grace_period,
@@ -153,25 +132,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_ray(args: argparse.Namespace) -> int:
     """``dsv4-tune run --backend ray ...``: the same study, its trials spread over a Ray cluster."""
-    from tuner.cli import parse_duration, parse_guards, parse_slos
-    from tuner.engine import resolve_vllm_cmd
+    from tuner.cli import record_from_args
     from tuner.export import export_best
     from tuner.ray_backend import RayOptions, run_study
-    from tuner.study import Study, best_feasible_trial, new_record
+    from tuner.study import Study, best_feasible_trial
 
-    budget_s = parse_duration(args.budget) if args.budget else None
-    record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
-                        vllm_cmd=args.vllm_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
-                        seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
-                        guards=parse_guards(args.guards))
-    resolve_vllm_cmd(record.vllm_cmd)
-    if record.trials is None and record.budget_s is None:
-        raise UsageError("give --trials N or --budget DURATION (or both), so the study knows when to stop")
+    record = record_from_args(args)
     study = Study.create(record, args.runs_dir)
     options = RayOptions(address=args.ray_address, max_concurrent_trials=args.max_concurrent_trials,
                          gpus_per_trial=args.gpus_per_trial, max_retries=args.max_retries,
                          on_mismatch=args.on_mismatch)
-    _install_signal_handlers()
+    from tuner.cli import install_signal_handlers
+
+    install_signal_handlers()
     try:
         optuna_study = run_study(study, options)
     except KeyboardInterrupt:
@@ -185,38 +158,3 @@ def cmd_ray(args: argparse.Namespace) -> int:
     if not args.no_export:
         log.info("exported: %s", export_best(study))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry point, until the main CLI carries these commands."""
-    from tuner import cli
-
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    commands = {"worker": cmd_worker, "ray": cmd_ray}
-    if "worker" not in sub.choices:  # not wired into the main CLI yet
-        add_commands(sub)
-    run = sub.choices["run"]
-    if not any("--backend" in action.option_strings for action in run._actions):
-        add_run_args(run)
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        if args.command == "worker":
-            return commands["worker"](args)
-        if args.command == "run" and args.backend == "ray":
-            return commands["ray"](args)
-        parser.error("standalone use: `worker ...` or `run --backend ray ...`")
-    except UsageError as exc:
-        log.error("%s", exc)
-        return 2
-    except TunerError as exc:
-        log.error("%s", exc)
-        return 1
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

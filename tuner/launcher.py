@@ -405,6 +405,9 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    with contextlib.suppress(OSError, IndexError):  # a killed tuner not yet reaped is a zombie: dead
+        if (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
     return True
 
 

@@ -101,6 +101,19 @@ def storage_url(study_path: Path) -> str:
     return f"sqlite:///{study_path / 'study.db'}"
 
 
+def storage_for_record(record: StudyRecord, study_path: Path) -> str:
+    """The Optuna storage URL of a study: SQLite in its folder, or the shared URL of ``record.storage``.
+
+    ``study.json`` keeps a shared URL with its password masked (``***``); the real one comes from
+    ``$DSV4_TUNE_STORAGE`` (see :mod:`tuner.worker`).
+    """
+    if not record.storage:
+        return storage_url(study_path)
+    from tuner.worker import resolve_storage_url
+
+    return resolve_storage_url(record.storage)
+
+
 class StudyLock:
     """One tuner per study and node: an exclusive, non-blocking flock on ``<study>/.lock[.<slot>]``.
 
@@ -228,7 +241,7 @@ class Study:
         return load_objective(str(snap))
 
     def storage(self) -> str | optuna.storages.BaseStorage:
-        return self.record.storage or storage_url(self.path)
+        return storage_for_record(self.record, self.path)
 
     def optuna_study(self) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -285,9 +298,12 @@ class Study:
             study.set_user_attr("baselines_enqueued", True)
             study.set_user_attr("constraint_names", constraint_names(self.objective))
         requeued: list[int] = list(study.user_attrs.get("requeued", []))
+        # A shared study (RDB storage, workers): other workers' RUNNING trials are alive, the dead ones are
+        # retried by heartbeat, and an interrupted worker re-queues its own trial (tuner.worker).
+        shared = bool(self.record.storage)
         for t in study.get_trials(deepcopy=False):
-            abandoned = t.state == TrialState.RUNNING or (
-                t.state == TrialState.FAIL and t.user_attrs.get("interrupted"))
+            abandoned = not shared and (t.state == TrialState.RUNNING or (
+                t.state == TrialState.FAIL and t.user_attrs.get("interrupted")))
             if not abandoned or t.number in requeued:
                 continue
             if t.state == TrialState.RUNNING:

@@ -153,7 +153,7 @@ def test_a_worker_on_a_different_node_is_refused_or_labelled(pg_url: str, catalo
                         vllm_version="0.32.0", cpu_model="Intel Xeon Platinum 8480+", cpu_count=224)
     study.optuna_study().set_user_attr(REFERENCE_ATTR, h200.to_json())
     env = {**os.environ, "DSV4_TUNE_STORAGE": pg_url, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tuner.cli_scaleout", "worker", "--study", name, "--runs-dir",
+    proc = subprocess.run([sys.executable, "-m", "tuner.cli", "worker", "--study", name, "--runs-dir",
                            str(catalog["runs"]), "--worker-id", "odd"], capture_output=True, text=True,
                           timeout=120, env=env, check=False, cwd=REPO)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -203,7 +203,7 @@ def test_two_workers_share_a_study_and_a_dead_workers_trial_is_finished_by_the_o
     name = _name("workers")
     runs = catalog["runs"]
     env = {**os.environ, "DSV4_TUNE_STORAGE": pg_url, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    common = [sys.executable, "-m", "tuner.cli_scaleout", "worker", "--study", name, "--runs-dir", str(runs),
+    common = [sys.executable, "-m", "tuner.cli", "worker", "--study", name, "--runs-dir", str(runs),
               "--launch-lock", str(tmp_path / "launch.lock"), "--heartbeat-interval", "2", "--grace-period", "8"]
     create = ["--hw", str(catalog["profile"]), "--objective", str(catalog["objective"]), "--model", str(demo_model),
               "--trials", "2", "--guards", "none"]
@@ -261,7 +261,7 @@ def test_ray_backend_reserves_a_node_per_trial_and_retries_a_lost_trial(
     runs = catalog["runs"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     driver = subprocess.Popen(
-        [sys.executable, "-m", "tuner.cli_scaleout", "run", "--backend", "ray", "--ray-address", ray_address,
+        [sys.executable, "-m", "tuner.cli", "run", "--backend", "ray", "--ray-address", ray_address,
          "--hw", str(catalog["profile"]), "--objective", str(catalog["objective"]), "--model", str(demo_model),
          "--trials", "2", "--study", name, "--runs-dir", str(runs), "--guards", "none", "--gpus-per-trial", "1",
          "--max-retries", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
