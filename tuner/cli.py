@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how to start vLLM: a path, 'python3 -m vllm.entrypoints.cli.main', or a prefix")
     run.add_argument("--port", type=int, help="server port (default: a free one)")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--sampler", choices=["tpe", "gp", "random"], default="tpe",
+                     help="search: constrained TPE (default), GP (needs scipy; docs/search.md), or random")
     run.add_argument("--slo", action="append", default=[], metavar="KEY=MS",
                      help="override an SLO limit, e.g. --slo p95_ttft_ms=2000 (repeatable)")
     run.add_argument("--ready-timeout", type=float, help="seconds a launch may take to become ready")
@@ -221,7 +223,8 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
                         seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
                         guards=parse_guards(args.guards), checkpoint=args.checkpoint,
                         prevalidate=args.prevalidate,
-                        confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats))
+                        confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats),
+                        sampler=args.sampler)
     resolve_vllm_cmd(record.vllm_cmd)
     resolve_model(record.model, args.runs_dir)
     if record.trials is None and record.budget_s is None:

@@ -62,6 +62,7 @@ class StudyRecord(BaseModel):
     trials: int | None = None
     budget_s: float | None = None
     seed: int = 0
+    sampler: Literal["tpe", "gp", "random"] = "tpe"
     slo_overrides: dict[str, float] = Field(default_factory=dict)
     ready_timeout_s: float | None = None
     guards: list[str] | None = None
@@ -171,10 +172,23 @@ def vocab_size_of(model: str, default: int = 32000) -> int:
         return default
 
 
-def make_sampler(seed: int, n_startup_trials: int = 4) -> optuna.samplers.BaseSampler:
-    """Constrained TPE: it reads each trial's named constraints (``Trial.set_constraint``)."""
+def make_sampler(seed: int, n_startup_trials: int = 4, kind: str = "tpe") -> optuna.samplers.BaseSampler:
+    """The study's sampler; every kind reads the trials' named constraints (``Trial.set_constraint``).
+
+    ``tpe`` (default): multivariate, grouped TPE. ``gp``: Optuna's GPSampler, measured more
+    sample-efficient on the benchmark surfaces (docs/search.md) but needs scipy and ~1 CPU s a trial.
+    ``random``: the baseline to compare against.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if kind == "gp":
+            try:
+                import scipy  # noqa: F401
+            except ImportError as exc:
+                raise UsageError("--sampler gp needs scipy. Fix: pip install scipy, or use --sampler tpe") from exc
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup_trials)
+        if kind == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                           n_startup_trials=n_startup_trials)
 
@@ -248,7 +262,7 @@ class Study:
         try:
             return optuna.create_study(
                 study_name=self.record.name, storage=self.storage(), load_if_exists=True,
-                direction=self.objective.direction, sampler=make_sampler(self.record.seed))
+                direction=self.objective.direction, sampler=make_sampler(self.record.seed, kind=self.record.sampler))
         except RuntimeError as exc:
             if "schema" not in str(exc):
                 raise
@@ -574,10 +588,11 @@ class Study:
         return keys
 
     def _time_for_another(self, study: optuna.Study, deadline: float, reserve_s: float = 0.0) -> bool:
-        """Start another trial only if it can finish (median duration so far) before the deadline."""
+        """Start another trial only if it can finish (longest duration so far) before the deadline."""
         durations = [float(t.user_attrs["duration_s"]) for t in study.get_trials(deepcopy=False)
                      if "duration_s" in t.user_attrs and "duplicate_of" not in t.user_attrs]
-        estimate = statistics.median(durations) if durations else self.profile.server.expected_launch_s
+        # The longest trial so far, not the median: a trial that overruns the night is worse than one fewer.
+        estimate = max(durations) if durations else self.profile.server.expected_launch_s
         return time.time() + estimate + reserve_s <= deadline
 
     def _update_best(self, study: optuna.Study, progress: Progress) -> None:
@@ -646,7 +661,7 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
                slo_overrides: dict[str, float], ready_timeout_s: float | None,
                guards: list[str] | None = None, storage: str | None = None, checkpoint: str | None = None,
                prevalidate: Literal["auto", "on", "off"] = "auto",
-               confirm: ConfirmSpec | None = None) -> StudyRecord:
+               confirm: ConfirmSpec | None = None, sampler: Literal["tpe", "gp", "random"] = "tpe") -> StudyRecord:
     profile = load_profile(hw)
     checkpoint_name = checkpoint or profile.server.checkpoint
     if checkpoint_name:
@@ -667,5 +682,5 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
     return StudyRecord(name=study_name, hw=hw, objective=objective, model=chosen_model, vllm_cmd=vllm_cmd,
                        port=port, trials=trials, budget_s=budget_s, seed=seed, slo_overrides=slo_overrides,
                        ready_timeout_s=ready_timeout_s, guards=guards, storage=storage, checkpoint=checkpoint,
-                       prevalidate=prevalidate, confirm=confirm or ConfirmSpec())
+                       prevalidate=prevalidate, confirm=confirm or ConfirmSpec(), sampler=sampler)
 
