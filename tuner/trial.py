@@ -108,6 +108,9 @@ class _HealthWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        # A server that died makes every request fail fast, so the load can end between two polls.
+        if self.tripped is None and self.server.exited() is not None:
+            self.tripped = FailureClass.DIED_DURING_LOAD
 
 
 def _scrape(server: ServerProcess) -> dict[Any, float]:

@@ -112,7 +112,9 @@ def night(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterato
 def _night(runs: Path, study: Path, root: Path, demo_model: Path, obs: dict[str, Any]) -> Iterator[dict[str, Any]]:
     started = time.monotonic()
     run1 = Tuner("--hw", str(root / "profile.yaml"), "--objective", str(root / "objective.yaml"),
-                 "--trials", "5", "--study", STUDY, "--model", str(demo_model), runs=runs)
+                 "--trials", "5", "--study", STUDY, "--model", str(demo_model),
+                 # the bad flag must reach a real launch here; pre-launch validation has its own tests
+                 "--prevalidate", "off", "--confirm-top-k", "0", runs=runs)
     obs["run1"] = run1
     try:
         # trial 2: the server dies during startup (SIGKILL to its main process)
