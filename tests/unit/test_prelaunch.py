@@ -35,7 +35,7 @@ def test_feasibility_model_refuses_what_cannot_fit() -> None:
     profile = bind_checkpoint(load_profile("gh200x4"), checkpoint)
     objective = load_objective("throughput")
     pre = PreLaunch(profile, checkpoint, objective, "off")
-    verdicts = [pre.check(suggest(profile, RandomParams(seed)), _ctx(checkpoint.repo)) for seed in range(60)]
+    verdicts = [pre.check(suggest(profile, RandomParams(seed)), _ctx(checkpoint.repo)) for seed in range(100)]
     refused = [v for v in verdicts if v is not None]
     assert refused, "no sampled gh200x4 configuration was refused; the model prunes nothing"
     assert len(refused) < len(verdicts), "every configuration was refused"
