@@ -146,7 +146,7 @@ def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, started: float,
 
 def _with_goodput(objective: Objective, run: Measurement) -> dict[str, Any]:
     summary = dict(run.summary)
-    if objective.goodput_slos:
+    if objective.goodput_slos and run.steps:
         chosen = next((st for st in run.steps if st.summary is run.summary), run.steps[-1])
         summary["request_goodput"] = request_goodput(chosen.result, objective.goodput_slos)
     return summary
