@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tuner.study import StudyRecord
 
 console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)  # errors go to stderr
 SCALEOUT: dict[str, cli_scaleout.Command] = {}
 SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report", "worker"}
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
@@ -360,10 +361,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (UsageError, CatalogError, UnknownNameError) as exc:
-        console.print(f"[red]error:[/] {exc}", markup=True)
+        err_console.print(f"[red]error:[/] {exc}", markup=True)
         return 2
     except TunerError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        err_console.print(f"[red]error:[/] {exc}")
         return 1
 
 

@@ -128,7 +128,9 @@ def run_case(case: Case, tmp: Path, capsys: pytest.CaptureFixture[str],
     if case.setup is not None:
         case.setup(tmp)
     out = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=out, width=4000, highlight=False, color_system=None))
+    wide = Console(file=out, width=4000, highlight=False, color_system=None)
+    monkeypatch.setattr(cli, "console", wide)
+    monkeypatch.setattr(cli, "err_console", wide)
     try:
         rc = cli.main(case.argv(tmp))
     except SystemExit as exc:  # argparse

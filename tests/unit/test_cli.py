@@ -14,9 +14,17 @@ from tuner.cli import main, parse_duration, parse_slos
 from tuner.errors import UsageError
 
 
+def _printed(capsys: pytest.CaptureFixture[str]) -> str:
+    """Everything the CLI printed: results on stdout, errors on stderr."""
+    captured = capsys.readouterr()
+    return captured.out + captured.err
+
+
+
 @pytest.mark.parametrize(("text", "seconds"), [("8h", 28800.0), ("90m", 5400.0), ("1h30m", 5400.0),
                                                ("45s", 45.0), ("600", 600.0), ("1.5h", 5400.0),
                                                ("2m30s", 150.0), (" 10m ", 600.0)])
+
 def test_parse_duration_ok(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -52,7 +60,7 @@ def test_trials_zero_through_default_command(capsys: pytest.CaptureFixture[str])
 
 def test_unknown_hw_returns_2_and_lists_known(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = main(["run", "--hw", "nope", "--trials", "1", "--runs-dir", str(tmp_path)])
-    out = capsys.readouterr().out
+    out = _printed(capsys)
     assert code == 2
     assert "'nope'" in out
     for name in catalog.known_names("search_spaces"):
@@ -62,11 +70,11 @@ def test_unknown_hw_returns_2_and_lists_known(capsys: pytest.CaptureFixture[str]
 
 def test_default_command_is_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     explicit = main(["run", "--hw", "nope", "--runs-dir", str(tmp_path)])
-    explicit_out = capsys.readouterr().out
+    explicit_out = _printed(capsys)
     implicit = main(["--hw", "nope", "--runs-dir", str(tmp_path)])
-    implicit_out = capsys.readouterr().out
+    implicit_out = _printed(capsys)
     verbose = main(["-v", "--hw", "nope", "--runs-dir", str(tmp_path)])
-    verbose_out = capsys.readouterr().out
+    verbose_out = _printed(capsys)
     assert explicit == implicit == verbose == 2
     assert "unknown hardware profile 'nope'" in explicit_out
     assert explicit_out == implicit_out == verbose_out
@@ -74,12 +82,12 @@ def test_default_command_is_run(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 
 def test_no_arguments_prints_help_and_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
-    assert "usage: dsv4-tune" in capsys.readouterr().out
+    assert "usage: dsv4-tune" in _printed(capsys)
 
 
 def test_list_prints_profiles_and_objectives(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["list", "--runs-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    out = _printed(capsys)
     assert re.search(r"\bcpu\b", out)
     assert re.search(r"\bthroughput\b", out)
     assert "invalid" not in out  # every shipped catalog entry loads
@@ -88,13 +96,13 @@ def test_list_prints_profiles_and_objectives(capsys: pytest.CaptureFixture[str],
 
 def test_resume_missing_study(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["resume", "nosuch", "--runs-dir", str(tmp_path)]) == 1
-    out = capsys.readouterr().out
+    out = _printed(capsys)
     assert "no study 'nosuch'" in out
 
 
 def test_resume_missing_study_hint_is_a_working_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     main(["resume", "nosuch", "--runs-dir", str(tmp_path)])
-    out = " ".join(capsys.readouterr().out.split())  # undo rich's line wrapping
+    out = " ".join(_printed(capsys).split())  # undo rich's line wrapping
     hint = re.search(r"`dsv4-tune ([^`]+)`", out)
     assert hint is not None
     assert main(shlex.split(hint.group(1))) == 0
@@ -102,7 +110,7 @@ def test_resume_missing_study_hint_is_a_working_command(capsys: pytest.CaptureFi
 
 def test_missing_vllm_program_returns_2_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = main(["--hw", "cpu", "--trials", "1", "--vllm-cmd", "/no/such/vllm", "--runs-dir", str(tmp_path)])
-    out = capsys.readouterr().out
+    out = _printed(capsys)
     assert code == 2
     assert "/no/such/vllm" in out
     assert not (tmp_path / "_models").exists()  # failed before building the demo model
@@ -113,7 +121,7 @@ def test_missing_model_path_returns_2(capsys: pytest.CaptureFixture[str], tmp_pa
     monkeypatch.chdir(tmp_path)
     code = main(["--hw", "cpu", "--trials", "1", "--model", "./missing", "--vllm-cmd", sys.executable,
                  "--runs-dir", str(tmp_path / "runs")])
-    out = capsys.readouterr().out
+    out = _printed(capsys)
     assert code == 2
     assert "'./missing'" in out and "no such file or directory" in out
     assert not (tmp_path / "runs").exists()
@@ -123,13 +131,13 @@ def test_no_stop_condition_returns_2(capsys: pytest.CaptureFixture[str], tmp_pat
     code = main(["--hw", "cpu", "--model", str(tmp_path), "--vllm-cmd", sys.executable,
                  "--runs-dir", str(tmp_path / "runs")])
     assert code == 2
-    assert "--trials" in capsys.readouterr().out
+    assert "--trials" in _printed(capsys)
 
 
 def test_bad_budget_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = main(["--hw", "cpu", "--budget", "soon", "--runs-dir", str(tmp_path)])
     assert code == 2
-    assert "--budget 'soon'" in capsys.readouterr().out
+    assert "--budget 'soon'" in _printed(capsys)
 
 
 def test_slo_override_without_unit_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -137,5 +145,5 @@ def test_slo_override_without_unit_returns_2(capsys: pytest.CaptureFixture[str],
     code = main(["--hw", "cpu", "--trials", "1", "--slo", "ttft=5", "--model", str(tmp_path),
                  "--vllm-cmd", "false", "--study", "s", "--runs-dir", str(runs), "--no-export"])
     assert code == 2
-    assert "ttft" in capsys.readouterr().out
+    assert "ttft" in _printed(capsys)
     assert not (runs / "s" / "study.json").exists()
