@@ -111,7 +111,8 @@ def both(server: ServerProcess, demo_model: Path,
     for round_ in range(ROUNDS):
         runs["ours"].append(_ours(server.base_url))
         runs["bench"].append(_bench(server.base_url, demo_model, out, seed=round_))
-    keys = ("output_throughput", "median_ttft_ms", "median_itl_ms", "total_input_tokens", "completed", "failed")
+    keys = ("output_throughput", "median_ttft_ms", "median_itl_ms", "mean_itl_ms", "total_input_tokens",
+            "completed", "failed")
     report = {tool: [{k: r.get(k) for k in keys} for r in rs] for tool, rs in runs.items()}
     (out / "crosscheck.json").write_text(json.dumps(report, indent=1))
     log.warning("cross-check runs: %s", json.dumps(report))
@@ -155,7 +156,10 @@ def test_output_throughput_agrees(both: dict[str, list[dict[str, Any]]]) -> None
         f"ours/bench {ratio:.3f} (medians: ours {ours:.1f}, bench {theirs:.1f} tok/s)")
 
 
-@pytest.mark.parametrize("key", ["median_ttft_ms", "median_itl_ms"])
+# ITL is compared by its mean: on 2 vCPUs a round's *median* ITL is bimodal (~0.003 ms when the
+# client reads several tokens from one TCP segment, ~2-3 ms otherwise), per tool and per round, so a
+# ratio of medians measures the TCP reads. The mean gap, (last - first token) / (events - 1), does not.
+@pytest.mark.parametrize("key", ["median_ttft_ms", "mean_itl_ms"])
 def test_median_latency_agrees(both: dict[str, list[dict[str, Any]]], key: str) -> None:
     ratio, ours, theirs = _paired(both, key)
     if key == "median_itl_ms" and max(ours, theirs) < ITL_FLOOR_MS:
