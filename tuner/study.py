@@ -341,7 +341,9 @@ class Study:
             if self.record.trials is not None and progress.launched >= self.record.trials:
                 progress.last = f"reached --trials {self.record.trials}"
                 break
-            if deadline is not None and not self._time_for_another(study, deadline, self._confirm_reserve_s(study)):
+            # Keep time for confirmation, but never more than a third of the budget for it.
+            reserve_s = min(self._confirm_reserve_s(study), (self.record.budget_s or 0.0) / 3)
+            if deadline is not None and not self._time_for_another(study, deadline, reserve_s):
                 progress.last = "budget left is shorter than one trial; stopping"
                 break
             if should_stop():
@@ -367,7 +369,7 @@ class Study:
                 progress.last = "the sampler keeps proposing launched configurations; space exhausted"
                 break
         if not should_stop():
-            self._confirm(study, ctx, progress, on_progress, should_stop)
+            self._confirm(study, ctx, progress, on_progress, should_stop, deadline)
         progress.phase = "done"
         on_progress(progress)
         self.write_trials_table(study)
@@ -446,15 +448,21 @@ class Study:
         return out
 
     def _confirm(self, study: optuna.Study, ctx: TrialContext, progress: Progress,
-                 on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> None:
+                 on_progress: Callable[[Progress], None], should_stop: Callable[[], bool],
+                 deadline: float | None = None) -> None:
         spec = self.record.confirm
         if spec.top_k == 0:
             return
+        per_candidate_s = self._confirm_reserve_s(study) / (spec.top_k * 1.5)
         done = {(c.trial, c.config_key) for c in self.confirmations(study)}
         workload = self.objective.workload
         longer = workload.model_copy(update={"num_prompts": max(1, round(workload.num_prompts * spec.workload_scale))})
         for number, config, control_of in self._candidates(study):
             if (number, config.key()) in done or should_stop():
+                continue
+            if deadline is not None and time.time() + per_candidate_s > deadline:
+                progress.events.append(f"no time left to confirm trial {number}; its result stays unconfirmed")
+                on_progress(progress)
                 continue
             # Confirm at the concurrency the screening ladder chose, not with the whole ladder again.
             chosen_c = study.trials[number].user_attrs.get("max_concurrency")
