@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,18 @@ def importances(study: optuna.Study) -> dict[str, float]:
     feasible = [t for t in _launched(study) if t.user_attrs.get("feasible")]
     if len(feasible) < 3:
         return {}
+    # Optuna's default evaluator ranks parameters for reaching LOW targets: flip the sign when
+    # maximizing, and give infeasible trials the worst feasible target seen.
+    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    worst = max(sign * float(t.value or 0.0) for t in feasible)
+
+    def target(t: FrozenTrial) -> float:
+        return sign * float(t.value or 0.0) if t.user_attrs.get("feasible") else worst
+
     try:
-        return dict(optuna.importance.get_param_importances(
-            study, target=lambda t: float(t.value or 0.0) if t.user_attrs.get("feasible") else 0.0))
+        with warnings.catch_warnings():  # it warns for every maximize study; the sign is handled above
+            warnings.simplefilter("ignore", UserWarning)
+            return dict(optuna.importance.get_param_importances(study, target=target))
     except (RuntimeError, ValueError, ZeroDivisionError) as exc:
         log.info("parameter importance not available: %s", exc)
         return {}
