@@ -19,7 +19,7 @@ import shutil
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ def build_demo_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False) -
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".building", dir=out_dir.parent))
     try:
         marker = _build_into(tmp_dir, seed, libs)
-        _swap_in(tmp_dir, out_dir, seed)
+        swap_in(tmp_dir, out_dir, lambda: _marker_matches(out_dir, seed))
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     log.info("built demo model at %s in %.1f s (vocab %d, %d parameters)", out_dir,
@@ -234,8 +234,12 @@ def _build_into(tmp_dir: Path, seed: int, libs: dict[str, Any]) -> dict[str, Any
     return marker
 
 
-def _swap_in(tmp_dir: Path, out_dir: Path, seed: int) -> None:
-    """Move the finished build into place; the old folder, if any, is removed first."""
+def swap_in(tmp_dir: Path, out_dir: Path, built_by_another: Callable[[], bool]) -> None:
+    """Move a finished build into place; the old folder, if any, is removed first.
+
+    If the rename loses a race, ``built_by_another()`` says whether a concurrent build finished first
+    (then its result is kept); otherwise the error propagates.
+    """
     if out_dir.exists():
         trash = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old")
         out_dir.rename(trash)
@@ -243,6 +247,6 @@ def _swap_in(tmp_dir: Path, out_dir: Path, seed: int) -> None:
     try:
         tmp_dir.rename(out_dir)
     except OSError:
-        if _marker_matches(out_dir, seed):  # a concurrent build finished first; keep it
+        if built_by_another():
             return
         raise

@@ -27,7 +27,7 @@ from tuner.confirm import Confirmation
 from tuner.engine import VllmEngine
 from tuner.errors import NoFeasibleTrialError, StudyError
 from tuner.identity import model_identity, runtime_identity
-from tuner.study import Study
+from tuner.study import Study, resolve_model
 
 EXPORT_PORT = 8000
 EVIDENCE_FILES = ("config.json", "command.json", "outcome.json", "load.json", "server_metrics.json",
@@ -83,7 +83,7 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
     config = store.read_json(config_path)
     outcome = store.read_json(tdir / "outcome.json")
     command = store.read_json(tdir / "command.json")
-    ctx_model = study_obj.context().model
+    ctx_model = resolve_model(study_obj.record.model, study_obj.runs_dir)
     served = Path(ctx_model).name if Path(ctx_model).exists() else ctx_model
     options = VllmEngine().serve_options(ctx_model, config["args"], host=study_obj.profile.server.host,
                                          port=EXPORT_PORT, served_model_name=served)

@@ -40,32 +40,27 @@ class GuardClient:
     def __exit__(self, *exc: object) -> None:
         self._client.close()
 
-    def post(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    def _json(self, method: str, path: str, payload: Mapping[str, Any] | None = None) -> Any:
+        """Send one request; any transport error, HTTP error or non-JSON body is a ProbeFailure."""
         try:
-            resp = self._client.post(path, json=dict(payload))
+            resp = self._client.request(method, path, json=dict(payload) if payload is not None else None)
         except httpx.HTTPError as exc:
-            raise ProbeFailure(f"POST {path} failed: {type(exc).__name__}: {exc}") from exc
+            raise ProbeFailure(f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 400:
-            raise ProbeFailure(f"POST {path} → HTTP {resp.status_code}: {_server_message(resp)}")
+            raise ProbeFailure(f"{method} {path} → HTTP {resp.status_code}: {_server_message(resp)}")
         try:
-            body = resp.json()
+            return resp.json()
         except ValueError as exc:
-            raise ProbeFailure(f"POST {path} → HTTP {resp.status_code} with a body that is not JSON") from exc
+            raise ProbeFailure(f"{method} {path} → HTTP {resp.status_code} with a body that is not JSON") from exc
+
+    def post(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        body = self._json("POST", path, payload)
         if not isinstance(body, dict):
             raise ProbeFailure(f"POST {path} → JSON {type(body).__name__}, expected an object")
         return body
 
     def get(self, path: str) -> dict[str, Any]:
-        try:
-            resp = self._client.get(path)
-        except httpx.HTTPError as exc:
-            raise ProbeFailure(f"GET {path} failed: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 400:
-            raise ProbeFailure(f"GET {path} → HTTP {resp.status_code}: {_server_message(resp)}")
-        try:
-            body = resp.json()
-        except ValueError as exc:
-            raise ProbeFailure(f"GET {path} → a body that is not JSON") from exc
+        body = self._json("GET", path)
         return body if isinstance(body, dict) else {"data": body}
 
     def chat(self, payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from tuner.catalog import resolve
+from tuner.demo_model import swap_in
 from tuner.errors import UsageError
 from tuner.guard_chat import assistant_echo, tool_result_message
 from tuner.guard_needle import fit_sentences, needle_messages
@@ -250,7 +251,7 @@ def train_fixture(base_model: Path, *, cache_root: Path | None = None,
             path.chmod(0o644)
         tmp_dir.chmod(0o755)
         (tmp_dir / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        _swap_in(tmp_dir, out_dir, digest)
+        swap_in(tmp_dir, out_dir, lambda: _marker_ok(out_dir, digest))
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     log.info("trained fixture at %s in %.1f s (%d steps, min margin %.2f)", out_dir,
@@ -362,16 +363,3 @@ def _marker_ok(out_dir: Path, digest: str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(marker, dict) and marker.get("hash") == digest
-
-
-def _swap_in(tmp_dir: Path, out_dir: Path, digest: str) -> None:
-    if out_dir.exists():
-        trash = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old")
-        out_dir.rename(trash)
-        shutil.rmtree(trash, ignore_errors=True)
-    try:
-        tmp_dir.rename(out_dir)
-    except OSError:
-        if _marker_ok(out_dir, digest):  # a concurrent build finished first
-            return
-        raise

@@ -147,7 +147,7 @@ def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, started: float,
 def _with_goodput(objective: Objective, run: Measurement) -> dict[str, Any]:
     summary = dict(run.summary)
     if objective.goodput_slos and run.steps:
-        chosen = next((st for st in run.steps if st.summary is run.summary), run.steps[-1])
+        chosen = run.steps[run.chosen if run.chosen is not None else -1]
         summary["request_goodput"] = request_goodput(chosen.result, objective.goodput_slos)
     return summary
 
