@@ -91,10 +91,12 @@ class Measurement:
     """Index in ``steps`` of the step reported (None when no step ran)."""
     stop_reason: str = ""
     client_saturated: bool = False
+    client_starved: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"summary": dict(self.summary), "server": dict(self.server), "chosen_step": self.chosen,
                 "stop_reason": self.stop_reason, "client_saturated": self.client_saturated,
+                "client_starved": self.client_starved,
                 "steps": [s.to_json() for s in self.steps]}
 
 
@@ -345,6 +347,12 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
             logger.info("ladder: concurrency %d: %s %.1f, %s%s", concurrency, rate_key, rate,
                         "meets the SLOs" if step.feasible else "; ".join(step.violations),
                         " (client saturated)" if step.client.get("client_saturated") else "")
+            if step.client.get("client_starved"):
+                logger.warning("ladder: at concurrency %d the load generator was kept off the CPU (loop lag "
+                               "p99 %.0f ms at %.0f%% CPU); its figures include that wait. Give it its own "
+                               "cores: server.client_cpus in the hardware profile", concurrency,
+                               step.client.get("client_loop_lag_p99_ms", 0.0),
+                               100 * step.client.get("client_cpu_share", 0.0))
             if step.result.stopped:
                 stop_reason = "the tuner was stopped"
                 break
@@ -378,7 +386,8 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
         return Measurement(summary={}, server={}, steps=(), stopped=stopped, stop_reason=stop_reason)
     best = steps[chosen]
     saturated = any(bool(s.client.get("client_saturated")) for s in steps)
+    starved = any(bool(s.client.get("client_starved")) for s in steps)
     logger.info("ladder: reporting concurrency %d (%s)", best.concurrency, stop_reason)
     return Measurement(summary=best.summary, server={**best.server, "client": dict(best.client)},
                        steps=tuple(steps), stopped=stopped, chosen=chosen, stop_reason=stop_reason,
-                       client_saturated=saturated)
+                       client_saturated=saturated, client_starved=starved)

@@ -23,6 +23,7 @@ from types import TracebackType
 
 import httpx
 
+from tuner.affinity import pinned
 from tuner.errors import LaunchError, PortInUseError
 from tuner.failures import CLASSIFY_TAIL_BYTES, FailureClass, classify_startup_failure, describe_stall
 
@@ -245,6 +246,8 @@ class LaunchSpec:
     """SIGTERM → SIGKILL delay when the server is stopped."""
     gpu_release_timeout_s: float = 120.0
     """How long :meth:`ServerProcess.stop` waits for GPU memory to return to its level before start."""
+    cpus: tuple[int, ...] | None = None
+    """Cores the server and everything it spawns may use (``None``: this process's own)."""
 
 
 class ServerProcess:
@@ -280,7 +283,7 @@ class ServerProcess:
             reading = self._gpu_probe()
             self._gpu_baseline = tuple(reading) if reading is not None else None
         log.info("starting server on %s:%d", self.spec.host, self.spec.port)
-        with self.log_path.open("ab") as log_fh:
+        with self.log_path.open("ab") as log_fh, pinned(self.spec.cpus):
             self.proc = subprocess.Popen(
                 self.spec.argv, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=self.spec.workdir, start_new_session=True)

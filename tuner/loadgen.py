@@ -97,12 +97,16 @@ class ClientStats:
     events: int  # streamed chunks handled
     events_per_s: float
     saturated: bool
+    starved: bool = False
+    """The loop lagged while the process hardly ran: the OS kept it off the CPU (shared cores), so
+    the window's latencies and duration include time the client was not running at all."""
 
     def to_json(self) -> dict[str, Any]:
         return {"client_processes": self.processes, "client_backend": self.backend,
                 "client_cpu_share": self.cpu_share, "client_loop_lag_p99_ms": self.loop_lag_p99_ms,
                 "client_loop_lag_max_ms": self.loop_lag_max_ms, "client_events": self.events,
-                "client_events_per_s": self.events_per_s, "client_saturated": self.saturated}
+                "client_events_per_s": self.events_per_s, "client_saturated": self.saturated,
+                "client_starved": self.starved}
 
 
 @dataclass(frozen=True)
@@ -374,9 +378,10 @@ def combine_client_stats(raws: Sequence[dict[str, Any]], backend: str) -> Client
     events = sum(int(raw["events"]) for raw in raws)
     wall = max((raw["wall_s"] for raw in raws), default=0.0)
     saturated = cpu_share >= SATURATED_CPU_SHARE or (p99 >= SATURATED_LAG_P99_S and cpu_share >= 0.5)
+    starved = p99 >= SATURATED_LAG_P99_S and cpu_share < 0.5
     return ClientStats(processes=len(raws), backend=backend, cpu_share=cpu_share, loop_lag_p99_ms=p99 * 1e3,
                        loop_lag_max_ms=lag_max * 1e3, events=events,
-                       events_per_s=events / wall if wall > 0 else 0.0, saturated=saturated)
+                       events_per_s=events / wall if wall > 0 else 0.0, saturated=saturated, starved=starved)
 
 
 # --- one window -----------------------------------------------------------------------------------

@@ -181,6 +181,9 @@ class Server(_Strict):
     """Typical time from launch to /health 200 (a DSV4 load is 10–20 min); used to plan a budget."""
     expected_measure_s: float = Field(default=300.0, gt=0)
     """Typical time for guards + load ladder of one trial; used to plan a budget."""
+    client_cpus: int = Field(default=0, ge=0)
+    """Cores kept for the load generator and guards; the server runs on the others (0: no split).
+    On the CPU build the server's OpenMP threads are bound to its cores too (tuner/affinity.py)."""
 
 
 class Lever(_Strict):

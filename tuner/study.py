@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import catalog, store
+from tuner.affinity import plan_cpu_split
 from tuner.checkpoints import Checkpoint, load_checkpoint
 from tuner.confirm import Confirmation, ConfirmSpec, judge, pick_winner
 from tuner.engine import resolve_vllm_cmd
@@ -289,7 +290,9 @@ class Study:
             host=self.profile.server.host, port=self.record.port,
             ready_timeout_s=self.record.ready_timeout_s or self.profile.server.ready_timeout_s,
             vocab_size=vocab_size_of(model), guards=self.guard_suite(),
-            served_model_name=Path(model).name if Path(model).exists() else model)
+            served_model_name=Path(model).name if Path(model).exists() else model,
+            cpu_split=plan_cpu_split(self.profile.server.client_cpus,
+                                     bind_omp=self.profile.hardware.accelerator == "cpu"))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, *, on_progress: Callable[[Progress], None] | None = None,

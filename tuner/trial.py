@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from tuner import metrics, store
+from tuner.affinity import CpuSplit, local_ranks, pinned
 from tuner.engine import VllmEngine, redact_argv
 from tuner.errors import LaunchError, PortInUseError
 from tuner.failures import FailureClass
@@ -51,6 +52,8 @@ class TrialContext:
     engine: VllmEngine = field(default_factory=VllmEngine)
     guards: GuardSuite = field(default_factory=NoGuards)
     health_poll_s: float = 2.0
+    cpu_split: CpuSplit | None = None
+    """Server cores and client cores, kept apart (``None``: both use the whole host)."""
 
 
 @dataclass(frozen=True)
@@ -174,19 +177,23 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
     options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=port,
                                        served_model_name=ctx.served_model_name)
     argv = ctx.engine.build_argv(ctx.vllm_cmd, options, api_key=None)
-    env = {**config.env, "VLLM_API_KEY": api_key}
+    split = ctx.cpu_split
+    # The profile's own environment wins over the computed binding (a hand-written TP/DP layout).
+    env = {**(split.server_env(local_ranks(config.args)) if split else {}), **config.env, "VLLM_API_KEY": api_key}
     store.write_json(tdir / "config.json", {"args": config.args, "env": store.safe_env(dict(config.env)),
                                             "params": config.params, "key": config.key(),
                                             "speculative": config.is_speculative})
     store.write_json(tdir / "command.json", {"argv": redact_argv(argv), "env": store.safe_env(env),
-                                             "port": port, "host": ctx.host})
+                                             "port": port, "host": ctx.host,
+                                             "cpus": split.to_json() if split else None})
     spec = LaunchSpec(argv=argv, env=env, host=ctx.host, port=port, workdir=tdir,
                       ready_timeout_s=ctx.ready_timeout_s, api_key=api_key,
-                      model_name=ctx.served_model_name)
+                      model_name=ctx.served_model_name, cpus=split.server if split else None)
     server = ServerProcess(spec)
     try:
         phase("launch")
-        with server:
+        # The tuner's side (readiness polls, guards, load) runs on the client cores from here on.
+        with pinned(split.client if split else None), server:
             try:
                 ready_s = server.wait_ready(should_stop=should_stop)
             except LaunchError as exc:

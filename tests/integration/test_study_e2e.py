@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import vllm_cli
+from tuner.affinity import format_cpu_list
 from tuner.launcher import LaunchSpec, ServerProcess, free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -29,7 +30,7 @@ PROFILE = {
     "description": "cpu profile for the end-to-end test: the first baseline carries a value vLLM rejects",
     "hardware": {"accelerator": "cpu", "device_name": "x86-64 CPU", "device_count": 1,
                  "memory_per_device_gb": 1},
-    "server": {"ready_timeout_s": 240, "fixed": {"max-model-len": 1024, "enforce-eager": True,
+    "server": {"ready_timeout_s": 240, "client_cpus": 1, "fixed": {"max-model-len": 1024, "enforce-eager": True,
                                                  "dtype": "bfloat16"},
                "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}},
@@ -110,6 +111,17 @@ def test_successful_trial_has_load_metrics(study_run: dict[str, object]) -> None
         assert summary[key] > 0, key
     counters = json.loads((study / "trials/0001/server_metrics.json").read_text())["counters"]
     assert counters["vllm:generation_tokens"] >= summary["total_output_tokens"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing to split")
+def test_server_runs_on_its_cores_and_vllm_binds_its_threads_there(study_run: dict[str, object]) -> None:
+    trial = Path(str(study_run["study"])) / "trials/0001"
+    command = json.loads((trial / "command.json").read_text())
+    cores = sorted(os.sched_getaffinity(0))
+    assert command["cpus"] == {"server": cores[:-1], "client": cores[-1:], "bind_omp": True}
+    bind = command["env"]["VLLM_CPU_OMP_THREADS_BIND"]
+    assert bind == format_cpu_list(cores[:-1])
+    assert f"VLLM_CPU_OMP_THREADS_BIND={bind!r}" in (trial / "server.log").read_text()  # vLLM read it
 
 
 def test_winner_is_exported_and_no_secret_leaks(study_run: dict[str, object]) -> None:

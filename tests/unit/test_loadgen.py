@@ -350,3 +350,18 @@ def test_bad_arguments_raise_load_error() -> None:
 
     with pytest.raises(LoadError, match="running event loop"):
         asyncio.run(inside_loop())
+
+
+def test_a_client_kept_off_the_cpu_is_starved_not_saturated() -> None:
+    """Loop lag with little CPU is the scheduler's doing (shared cores); with much CPU, the client's own."""
+    from tuner.loadgen import combine_client_stats
+
+    lagging = [0.001] * 90 + [0.7] * 10
+    starved = combine_client_stats([{"lags_s": lagging, "cpu_s": 0.5, "wall_s": 10.0, "events": 100}], "aiohttp")
+    assert starved.starved and not starved.saturated
+    busy = combine_client_stats([{"lags_s": lagging, "cpu_s": 8.0, "wall_s": 10.0, "events": 100}], "aiohttp")
+    assert busy.saturated and not busy.starved
+    calm = combine_client_stats([{"lags_s": [0.001] * 100, "cpu_s": 0.5, "wall_s": 10.0, "events": 100}],
+                                "aiohttp")
+    assert not calm.starved and not calm.saturated
+    assert starved.to_json()["client_starved"] is True
