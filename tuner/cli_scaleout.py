@@ -127,6 +127,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     best = best_feasible_trial(study)
     log.info("worker %s done; best so far: %s", options.worker_id,
              f"trial {best.number} = {best.value:.2f}" if best is not None and best.value is not None else "none")
+    log.info("workers screen only: once every worker is done, run `dsv4-tune resume %s --runs-dir %s` on one "
+             "node (with $DSV4_TUNE_STORAGE set) to confirm the best candidates there and export the winner",
+             args.study, args.runs_dir)
     return 0
 
 

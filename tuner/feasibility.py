@@ -26,12 +26,20 @@ tokens per rank · d. Max concurrency = d · min(max-num-seqs, tokens per rank /
 Units: device memory in the profiles is the vendor's "GB", which for HBM parts is GiB (an "80 GB"
 H100 shows 79.6 GiB); checkpoint sizes are the Hub's decimal GB. The calibration against the
 reference texts is in ``docs/feasibility.md``.
+
+Calibration on the node: every launched trial's server log states the KV capacity vLLM actually
+allocated (``GPU KV cache size: N tokens``). :func:`fit_kv_bytes_per_token` turns those lines into
+the bytes per token that make this model predict them, and a study uses the fit instead of the
+blog's constant from then on (:class:`KvCalibration`), so a wrong constant costs one launch, not
+a night of wrongly pruned configurations.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,12 +182,58 @@ def rank_memory(profile: HardwareProfile, args: Mapping[str, Any], checkpoint: C
                       activation_bytes=activation, cudagraph_bytes=graphs, usable_bytes=usable, kv_bytes=kv)
 
 
-def kv_bytes_per_token(args: Mapping[str, Any], checkpoint: Checkpoint) -> float:
+def _kv_scale(args: Mapping[str, Any], checkpoint: Checkpoint) -> float:
+    """Bytes per token relative to the FP8 base: the cache dtype and the draft's own KV."""
     dtype = str(args.get("kv-cache-dtype", "auto"))
     method, draft_tokens = _draft(args)
     extra = checkpoint.draft_kv_fraction if method is not None and draft_tokens > 0 else 0.0
-    base = checkpoint.kv_bytes_per_token or KV_BYTES_PER_TOKEN_FP8
-    return base * KV_DTYPE_FACTOR.get(dtype, 1.0) * (1.0 + extra)
+    return KV_DTYPE_FACTOR.get(dtype, 1.0) * (1.0 + extra)
+
+
+def kv_bytes_per_token(args: Mapping[str, Any], checkpoint: Checkpoint, base: float | None = None) -> float:
+    """Bytes per token per rank; ``base`` (FP8, no draft) overrides the checkpoint's or the default."""
+    chosen = base if base is not None else (checkpoint.kv_bytes_per_token or KV_BYTES_PER_TOKEN_FP8)
+    return chosen * _kv_scale(args, checkpoint)
+
+
+_KV_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")  # "GPU KV cache size: 1,048,576 tokens, ..."
+
+
+def kv_tokens_from_log(text: str) -> int | None:
+    """The KV capacity per rank a vLLM server log states (the smallest engine's under DP), if any."""
+    found = [int(m.group(1).replace(",", "")) for m in _KV_LINE.finditer(text)]
+    return min(found) if found else None
+
+
+@dataclass(frozen=True)
+class KvCalibration:
+    """The FP8 bytes per token fitted to launched trials, and how many it rests on."""
+
+    base: float
+    trials: int
+    spread: float
+    """(max − min) / median of the per-trial fits: large means the other memory terms are off."""
+
+    def describe(self) -> str:
+        return f"KV bytes/token {self.base:,.0f} fitted to {self.trials} launched trial(s)"
+
+
+def fit_kv_bytes_per_token(profile: HardwareProfile, checkpoint: Checkpoint,
+                           observations: Sequence[tuple[Mapping[str, Any], int]]) -> KvCalibration | None:
+    """Median FP8 base bytes per token that reproduce the observed ``(args, tokens per rank)`` pairs.
+
+    An observation whose predicted KV budget is not positive (the model thought it would not fit,
+    yet it launched) says the weight or activation terms are off, not the per-token size: skipped.
+    """
+    fits = []
+    for args, tokens in observations:
+        budget = rank_memory(profile, args, checkpoint).kv_bytes
+        if tokens > 0 and budget > 0:
+            fits.append(budget / tokens / _kv_scale(args, checkpoint))
+    if not fits:
+        return None
+    middle = statistics.median(fits)
+    return KvCalibration(base=middle, trials=len(fits), spread=(max(fits) - min(fits)) / middle)
 
 
 def _rule_violations(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint,
@@ -229,13 +283,17 @@ def _rule_violations(profile: HardwareProfile, config: ServeConfig, checkpoint: 
     return out
 
 
-def check(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint, workload: Workload) -> Feasibility:
-    """The memory and rule verdict on one configuration (pure; no GPU, no vLLM)."""
+def check(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint, workload: Workload,
+          calibration: KvCalibration | None = None) -> Feasibility:
+    """The memory and rule verdict on one configuration (pure; no GPU, no vLLM).
+
+    ``calibration`` (fitted to this node's launched trials) replaces the default bytes per token.
+    """
     args = config.args
     shape = topology_of(args)
     memory = rank_memory(profile, args, checkpoint)
     reasons = _rule_violations(profile, config, checkpoint, workload)
-    per_token = kv_bytes_per_token(args, checkpoint)
+    per_token = kv_bytes_per_token(args, checkpoint, calibration.base if calibration else None)
     kv_tokens = max(0, int(memory.kv_bytes / per_token))
     block = int(args.get("block-size", 16))
     _, draft_tokens = _draft(args)
@@ -254,7 +312,7 @@ def check(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint,
                            "(vLLM refuses to start)")
         elif per_rank_concurrency < 1:
             reasons.append(f"KV cache holds {kv_tokens} tokens per rank, not one {per_seq}-token request")
-    notes: list[str] = []
+    notes: list[str] = [calibration.describe()] if calibration else []
     if shape.tp > 1:
         notes.append(f"KV replicated on the {shape.tp} TP ranks of each replica (1 latent KV head)")
     if args.get(CAPTURE_OPTION.split(".")[0]) and draft_tokens > 0:

@@ -1,7 +1,8 @@
 """Reasoning gate: thinking output split from the answer, and carried across a tool round trip.
 
 Split probes (thinking on) must come back with the reasoning in ``reasoning``/``reasoning_content``
-and the answer in ``content``, with no ``<think>`` markup in either.
+and the answer in ``content``, with no ``<think>`` markup in either; with ``stream`` (the default) the
+same holds for the text assembled from the streamed deltas.
 
 Carry probes follow DeepSeek V4's contract: in a thinking-mode tool-call round trip the client sends
 the turn's reasoning back (``reasoning_content``), and the server must render it into the next
@@ -47,6 +48,8 @@ class ReasoningGuard:
                         problem = _run_carry(client, probe, record)
                     else:
                         problem = _run_split(client, probe, record)
+                        if problem is None and self.spec.stream:
+                            problem = _run_split(client, probe, record, streamed=True)
                 except ProbeFailure as exc:
                     problem = str(exc)
                 record["passed"] = problem is None
@@ -73,15 +76,18 @@ def _split_problem(message: dict[str, Any], expect_reasoning: str) -> str | None
     return None
 
 
-def _run_split(client: GuardClient, probe: ReasoningSplitProbe, record: dict[str, Any]) -> str | None:
-    message = first_message(client.chat(chat_payload(probe)))
-    record["response"] = {"reasoning": message_reasoning(message), "content": message.get("content")}
+def _run_split(client: GuardClient, probe: ReasoningSplitProbe, record: dict[str, Any], *,
+               streamed: bool = False) -> str | None:
+    message = client.chat_stream(chat_payload(probe)) if streamed else first_message(client.chat(chat_payload(probe)))
+    prefix = "streamed: " if streamed else ""
+    record["streamed_response" if streamed else "response"] = {"reasoning": message_reasoning(message),
+                                                               "content": message.get("content")}
     problem = _split_problem(message, probe.expect_reasoning_contains)
     if problem is not None:
-        return problem
+        return prefix + problem
     content = message.get("content") or ""
     if probe.expect_content_contains not in content:
-        return f"content {content[:160]!r} lacks {probe.expect_content_contains!r}"
+        return f"{prefix}content {content[:160]!r} lacks {probe.expect_content_contains!r}"
     return None
 
 

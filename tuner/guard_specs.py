@@ -67,6 +67,9 @@ class ToolCallSpec(_Strict):
     description: str = ""
     timeout_s: float = Field(default=120.0, gt=0)
     probes: list[ToolCallProbe] = Field(min_length=1)
+    stream: bool = True
+    """Also send each probe streamed and check the call assembled from the deltas (agents stream;
+    vLLM's streaming tool parser is separate code from the non-streamed one)."""
 
 
 class ReasoningSplitProbe(ChatProbe):
@@ -94,6 +97,8 @@ class ReasoningSpec(_Strict):
     timeout_s: float = Field(default=120.0, gt=0)
     split_probes: list[ReasoningSplitProbe] = Field(default_factory=list)
     carry_probes: list[ReasoningCarryProbe] = Field(default_factory=list)
+    stream: bool = True
+    """Also send each split probe streamed: the reasoning parser splits streams with separate code."""
 
     @model_validator(mode="after")
     def _some_probe(self) -> ReasoningSpec:

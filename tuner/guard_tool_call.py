@@ -3,11 +3,14 @@
 Each probe sends a chat request with tools; the first call must name the expected function with
 JSON arguments that validate against its schema (and equal the expected ones, when given). Raw
 DSML (or other tool markup) left in ``content`` fails. With ``round_trip``, the tool result is sent
-back and the final answer must contain the expected text.
+back and the final answer must contain the expected text. With ``stream`` (the default), the probe
+is sent again streamed, and the call assembled from its deltas must pass the same check and match
+the non-streamed call.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -37,6 +40,8 @@ class ToolCallGuard:
                 evidence["probes"].append(record)
                 try:
                     problem = _run_probe(client, probe, record)
+                    if problem is None and self.spec.stream:
+                        problem = _run_streamed(client, probe, record)
                 except ProbeFailure as exc:
                     problem = str(exc)
                 record["passed"] = problem is None
@@ -67,6 +72,23 @@ def _run_probe(client: GuardClient, probe: ToolCallProbe, record: dict[str, Any]
         return (f"round trip answer {content[:160]!r} lacks "
                 f"{probe.round_trip.expect_content_contains!r}")
     return None
+
+
+def _run_streamed(client: GuardClient, probe: ToolCallProbe, record: dict[str, Any]) -> str | None:
+    streamed = client.chat_stream(chat_payload(probe))
+    record["streamed_response"] = _summary(streamed)
+    problem = call_problem(streamed, probe.expect_call, probe.tools)
+    if problem is not None:
+        return f"streamed: {problem}"
+    whole, pieces = record["response"]["tool_calls"][0], record["streamed_response"]["tool_calls"][0]
+    if whole["name"] != pieces["name"] or _arguments(whole) != _arguments(pieces):
+        return f"streamed call {pieces} differs from the non-streamed call {whole}"
+    return None
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    raw = call.get("arguments")
+    return json.loads(raw) if isinstance(raw, str) else raw  # parseable: call_problem checked it
 
 
 def _summary(message: dict[str, Any]) -> dict[str, Any]:

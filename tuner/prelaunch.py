@@ -1,6 +1,7 @@
 """Checks that run before a launch, so no launch is spent on a configuration that cannot work.
 
-1. The feasibility model (memory, KV capacity, rules), where the study serves a catalogued checkpoint.
+1. The feasibility model (memory, KV capacity, rules), where the study serves a catalogued checkpoint;
+   its KV bytes per token is refitted to every launched trial's logged KV capacity (:meth:`observe`).
 2. vLLM's own argument parser and engine-args checks, where vLLM is importable in this environment
    (``prevalidate``: ``auto`` = when it imports, ``on`` = required, ``off`` = never; turn it off when
    ``--vllm-cmd`` runs another vLLM version, e.g. in a container).
@@ -11,6 +12,7 @@ A refused configuration is recorded as a trial that violated its constraints, wi
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,7 @@ from tuner.space import HardwareProfile, ServeConfig
 
 if TYPE_CHECKING:
     from tuner.checkpoints import Checkpoint
+    from tuner.feasibility import KvCalibration
     from tuner.trial import TrialContext
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,20 @@ class PreLaunch:
         self.checkpoint = checkpoint
         self.objective = objective
         self.validate = self._decide_validation(prevalidate)
+        self.kv_observations: list[tuple[Mapping[str, Any], int]] = []
+        self.calibration: KvCalibration | None = None
+
+    def observe(self, args: Mapping[str, Any], kv_tokens_per_rank: int | None) -> None:
+        """Learn from a launched trial's KV capacity (its server log); refits the bytes per token."""
+        if kv_tokens_per_rank is None or self.checkpoint is None:
+            return
+        from tuner.feasibility import fit_kv_bytes_per_token
+
+        self.kv_observations.append((dict(args), kv_tokens_per_rank))
+        fitted = fit_kv_bytes_per_token(self.profile, self.checkpoint, self.kv_observations)
+        if fitted is not None and fitted != self.calibration:
+            log.info("feasibility: %s (spread %.0f%%)", fitted.describe(), 100 * fitted.spread)
+        self.calibration = fitted
 
     @staticmethod
     def _decide_validation(mode: str) -> bool:
@@ -57,12 +74,16 @@ class PreLaunch:
         if self.checkpoint is not None:
             from tuner import feasibility
 
-            verdict = feasibility.check(self.profile, config, self.checkpoint, self.objective.workload)
+            verdict = feasibility.check(self.profile, config, self.checkpoint, self.objective.workload,
+                                        self.calibration)
             if not verdict.ok:
-                return Refusal(FailureClass.INFEASIBLE.value, f"pruned by the feasibility model: {verdict.reason}",
+                basis = self.calibration.describe() if self.calibration else "default KV bytes/token, not yet fitted"
+                return Refusal(FailureClass.INFEASIBLE.value,
+                               f"pruned by the feasibility model ({basis}): {verdict.reason}",
                                {"kv_tokens_per_rank": verdict.kv_tokens_per_rank,
                                 "max_concurrency": verdict.max_concurrency,
-                                "memory_gib": verdict.memory.as_gib()})
+                                "memory_gib": verdict.memory.as_gib(),
+                                "kv_bytes_per_token_fp8": self.calibration.base if self.calibration else None})
         if self.validate:
             from tuner.vllm_validate import validate_options
 

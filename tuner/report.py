@@ -206,6 +206,16 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                          [[c.trial, c.control_of if c.control_of is not None else "",
                            ", ".join(f"{v:.1f}" for v in c.values), f"{c.median:.2f}", f"{c.mad:.2f}",
                            f"{c.robust:.2f}", c.accepted, c.reason] for c in confirmations]), ""]
+    client_flagged = [t for t in trials if t.user_attrs.get("client_saturated") or t.user_attrs.get("client_starved")]
+    if client_flagged:
+        lines += ["## Load generator warnings", "",
+                  "These trials' figures are bounded by the client, not the server: *saturated* = the load "
+                  "generator used its whole core; *starved* = the OS kept it off the CPU (shared cores: set "
+                  "`server.client_cpus`). See `load.json` of each trial.", "",
+                  _table(["trial", "value", "client"],
+                         [[t.number, f"{t.value:.2f}" if t.value is not None else "",
+                           ", ".join(f for f in ("saturated", "starved") if t.user_attrs.get(f"client_{f}"))]
+                          for t in client_flagged]), ""]
     counts = failure_counts(study)
     lines += ["## Failures", "", _table(["class", "trials"], [[k, v] for k, v in counts.items()]) if counts
               else "None.", ""]

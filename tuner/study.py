@@ -336,7 +336,7 @@ class Study:
         deadline = started + self.record.budget_s if self.record.budget_s else None
         progress = Progress(study=self.record.name, target=self.record.trials, deadline=deadline)
         launched_keys = self._launched_keys(study)
-        prelaunch = PreLaunch(self.profile, self.checkpoint, self.objective, self.record.prevalidate)
+        prelaunch = self.prelaunch(study)
         progress.launched = len(launched_keys_numbers(study))
         self._update_best(study, progress)
         duplicates = 0
@@ -378,6 +378,21 @@ class Study:
         self.write_trials_table(study)
         return study
 
+    def prelaunch(self, study: optuna.Study) -> PreLaunch:
+        """The pre-launch checks, with the KV capacity of every trial launched so far already learnt."""
+        checks = PreLaunch(self.profile, self.checkpoint, self.objective, self.record.prevalidate)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            tokens = t.user_attrs.get("kv_cache_tokens")
+            if isinstance(tokens, int) and "duplicate_of" not in t.user_attrs:
+                try:
+                    args = build_config(self.profile, t.params).args
+                except (KeyError, ValueError) as exc:  # params of an older profile: learn from the others
+                    log.warning("trial %d: its parameters no longer build a configuration (%s); its KV "
+                                "capacity is not used for the feasibility fit", t.number, exc)
+                    continue
+                checks.observe(args, tokens)
+        return checks
+
     def _attempt(self, study: optuna.Study, trial: optuna.Trial, config: ServeConfig, ctx: TrialContext,
                  prelaunch: PreLaunch, launched_keys: dict[str, int], progress: Progress,
                  on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> str:
@@ -394,6 +409,7 @@ class Study:
             on_progress(progress)
             return "pruned"
         outcome = self._run_one(study, trial, config, ctx, progress, on_progress, should_stop)
+        prelaunch.observe(config.args, outcome.kv_cache_tokens)
         launched_keys[key] = trial.number
         progress.launched += 1
         self._update_best(study, progress)
@@ -565,6 +581,12 @@ class Study:
         trial.set_user_attr("reason", outcome.reason[:1000])
         trial.set_user_attr("duration_s", round(outcome.duration_s, 2))
         trial.set_user_attr("ready_s", outcome.ready_s)
+        if outcome.kv_cache_tokens is not None:
+            trial.set_user_attr("kv_cache_tokens", outcome.kv_cache_tokens)
+        client = outcome.server_metrics.get("client") or {}
+        for flag in ("client_saturated", "client_starved"):  # the chosen step's load generator
+            if client.get(flag):
+                trial.set_user_attr(flag, True)
         for key in ("p95_ttft_ms", "p95_itl_ms", "p95_tpot_ms", "output_throughput", "request_throughput",
                     "request_goodput", "completed", "failed", "max_concurrency"):
             if key in outcome.summary:

@@ -24,6 +24,7 @@ from tuner.affinity import CpuSplit, local_ranks, pinned
 from tuner.engine import VllmEngine, redact_argv
 from tuner.errors import LaunchError, PortInUseError
 from tuner.failures import FailureClass
+from tuner.feasibility import kv_tokens_from_log
 from tuner.goodput import request_goodput
 from tuner.guard_api import GuardSuite, GuardTarget, NoGuards
 from tuner.ladder import Measurement, measure
@@ -72,6 +73,8 @@ class TrialOutcome:
     repeat_values: tuple[float, ...] = ()
     log_tail: str = ""
     """The end of server.log when the server failed to start or died (the evidence beside the reason)."""
+    kv_cache_tokens: int | None = None
+    """KV capacity per rank that vLLM logged at start-up (``GPU KV cache size: N tokens``)."""
 
     @property
     def feasible(self) -> bool:
@@ -137,12 +140,13 @@ def _server_version(server: ServerProcess) -> str | None:
 def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, started: float, *, score_: Score,
              ok: bool, failure_class: str | None, reason: str, summary: Mapping[str, Any] | None = None,
              server_metrics: Mapping[str, Any] | None = None, ready_s: float | None = None,
-             repeat_values: tuple[float, ...] = (), log_tail: str = "") -> TrialOutcome:
+             repeat_values: tuple[float, ...] = (), log_tail: str = "",
+             kv_cache_tokens: int | None = None) -> TrialOutcome:
     outcome = TrialOutcome(
         ok=ok, value=score_.value, constraints=score_.constraints, failure_class=failure_class,
         reason=reason, summary=dict(summary or {}), server_metrics=dict(server_metrics or {}),
         ready_s=ready_s, duration_s=time.monotonic() - started, trial_dir=str(tdir), config_key=config.key(),
-        repeat_values=repeat_values, log_tail=log_tail[-LOG_TAIL_CHARS:])
+        repeat_values=repeat_values, log_tail=log_tail[-LOG_TAIL_CHARS:], kv_cache_tokens=kv_cache_tokens)
     store.write_json(tdir / "outcome.json", outcome.to_json())
     return outcome
 
@@ -200,7 +204,8 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                                 failure_class=exc.failure_class, reason=str(exc),
                                 log_tail=exc.log_tail or tail(server.log_path))
-            log.info("server ready in %.1f s", ready_s)
+            kv_tokens = kv_tokens_from_log(server.log_path.read_text(errors="replace"))
+            log.info("server ready in %.1f s (KV cache: %s tokens per rank)", ready_s, kv_tokens)
             phase("guards")
             guard_report = ctx.guards.run(GuardTarget(
                 base_url=server.base_url, headers=server.headers, model=ctx.served_model_name, trial_dir=tdir,
@@ -211,7 +216,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
             if not guard_report.passed:
                 return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                                 failure_class=FailureClass.GUARD_FAILED.value, reason=guard_report.reason,
-                                ready_s=ready_s)
+                                ready_s=ready_s, kv_cache_tokens=kv_tokens)
             phase("load")
             with _HealthWatch(server, ctx.health_poll_s) as watch:
                 def stop_load() -> bool:
@@ -231,7 +236,8 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
             scores = [score(ctx.objective, s) for s in summaries]
             middle = _median_index([sc.value for sc in scores])
             measurement, summary = runs[middle], summaries[middle]
-            server_metrics = {**measurement.server, "server_version": _server_version(server)}
+            server_metrics = {**measurement.server, "server_version": _server_version(server),
+                              "kv_cache_tokens_per_rank": kv_tokens}
             load_record = {"summary": summary, "repeat_values": [sc.value for sc in scores],
                            "repeats": [{**run.to_json(), "summary": s} for run, s in zip(runs, summaries,
                                                                                         strict=True)]}
@@ -249,11 +255,12 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                   f"log tail: {tail(server.log_path, 400).strip()[-300:]}")
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=watch.tripped.value, reason=reason, summary=summary,
-                        server_metrics=server_metrics, ready_s=ready_s, log_tail=tail(server.log_path))
+                        server_metrics=server_metrics, ready_s=ready_s, kv_cache_tokens=kv_tokens,
+                        log_tail=tail(server.log_path))
     if any(run.stopped for run in runs):
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=FailureClass.INTERRUPTED.value, reason="tuner stopped during the load",
-                        summary=summary, ready_s=ready_s)
+                        summary=summary, ready_s=ready_s, kv_cache_tokens=kv_tokens)
     result_score = scores[middle]
     if repeats > 1 and not all(sc.feasible for sc in scores):
         # A candidate is confirmed only if every repeat met the SLOs.
@@ -264,4 +271,4 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
     return _outcome(ctx, config, tdir, started, score_=result_score, ok=True,
                     failure_class=None if result_score.feasible else FailureClass.SLO_VIOLATED.value,
                     reason=reason, summary=summary, server_metrics=server_metrics, ready_s=ready_s,
-                    repeat_values=tuple(sc.value for sc in scores))
+                    kv_cache_tokens=kv_tokens, repeat_values=tuple(sc.value for sc in scores))

@@ -45,7 +45,6 @@ from tuner import store
 from tuner.errors import StudyError, UsageError
 from tuner.identity import gpu_identity
 from tuner.launcher import stop_orphans
-from tuner.prelaunch import PreLaunch
 from tuner.space import suggest
 from tuner.study import (
     MAX_DUPLICATES_IN_A_ROW,
@@ -440,7 +439,7 @@ class Worker:
         progress = Progress(study=record.name, target=record.trials, deadline=deadline)
         duplicates = 0
         identity = self.identity()
-        prelaunch = PreLaunch(study.profile, study.checkpoint, study.objective, record.prevalidate)
+        prelaunch = study.prelaunch(ostudy)
         while True:
             with launch_lock(self.options.launch_lock):
                 stopped = stop_orphans(study.path / "trials")
@@ -489,6 +488,7 @@ class Worker:
                         continue
                     try:
                         outcome = study._run_one(ostudy, trial, config, ctx, progress, on_progress, lambda: False)
+                        prelaunch.observe(config.args, outcome.kv_cache_tokens)
                     except KeyboardInterrupt:
                         log.warning("interrupted: trial %d goes back to the queue", trial.number)
                         ostudy.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})

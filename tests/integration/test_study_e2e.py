@@ -109,8 +109,12 @@ def test_successful_trial_has_load_metrics(study_run: dict[str, object]) -> None
     assert summary["output_throughput"] > 0
     for key in ("p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "p95_itl_ms", "p95_tpot_ms", "p95_e2el_ms"):
         assert summary[key] > 0, key
-    counters = json.loads((study / "trials/0001/server_metrics.json").read_text())["counters"]
-    assert counters["vllm:generation_tokens"] >= summary["total_output_tokens"]
+    server_metrics = json.loads((study / "trials/0001/server_metrics.json").read_text())
+    assert server_metrics["counters"]["vllm:generation_tokens"] >= summary["total_output_tokens"]
+    # the KV capacity vLLM logged at start-up, which calibrates the feasibility model on a GPU node
+    kv_tokens = server_metrics["kv_cache_tokens_per_rank"]
+    assert kv_tokens > 0
+    assert json.loads((study / "trials/0001/outcome.json").read_text())["kv_cache_tokens"] == kv_tokens
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing to split")

@@ -132,3 +132,57 @@ def test_h100_tp2_dp4_without_ep_does_not_fit() -> None:
     args = {**suggest(profile, FixedParams({})).args, "tensor-parallel-size": 2, "data-parallel-size": 4}
     args.pop("enable-expert-parallel", None)
     assert not check(profile, ServeConfig(args=args), ckpt, BLOG).ok
+
+
+# --- calibration on the node: vLLM's logged KV capacity replaces the blog's constant ----------------
+
+GPU_LOG = """\
+(EngineCore_DP0 pid=11) INFO 11-30 [kv_cache_utils.py:1087] GPU KV cache size: 1,412,608 tokens
+(EngineCore_DP0 pid=11) INFO 11-30 [kv_cache_utils.py:1091] Maximum concurrency for 2,048 tokens per request: 689.75x
+(EngineCore_DP1 pid=12) INFO 11-30 [kv_cache_utils.py:1087] GPU KV cache size: 1,409,024 tokens
+"""
+
+
+def test_the_kv_capacity_is_read_from_the_server_log() -> None:
+    from tuner.feasibility import kv_tokens_from_log
+
+    assert kv_tokens_from_log(GPU_LOG) == 1_409_024  # the smallest engine under DP binds
+    cpu = "INFO [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 1,024 ..."
+    assert kv_tokens_from_log(cpu) == 1_048_576
+    assert kv_tokens_from_log("INFO loading weights\n") is None
+
+
+def test_a_fit_reproduces_the_observed_capacity() -> None:
+    from tuner.feasibility import fit_kv_bytes_per_token
+
+    profile, ckpt, config = _gh200("blog-dp4-ep")
+    default = check(profile, config, ckpt, BLOG)
+    observed = default.kv_tokens_per_rank // 2  # the node holds half what the blog's constant predicts
+    fitted = fit_kv_bytes_per_token(profile, ckpt, [(config.args, observed)])
+    assert fitted is not None and fitted.trials == 1 and fitted.spread == 0
+    again = check(profile, config, ckpt, BLOG, fitted)
+    assert abs(again.kv_tokens_per_rank - observed) <= 1
+    assert fitted.describe() in again.notes
+    # a launch the model thought could not fit says nothing about bytes per token
+    no_ep = ServeConfig(args={k: v for k, v in config.args.items() if k != "enable-expert-parallel"})
+    assert fit_kv_bytes_per_token(profile, ckpt, [(no_ep.args, 1000)]) is None
+
+
+def test_prelaunch_learns_from_a_launch_and_prunes_by_the_fit() -> None:
+    """A configuration the blog's constant lets through is pruned once the node shows less KV."""
+    from tuner.objective import load_objective
+    from tuner.prelaunch import PreLaunch
+
+    profile, ckpt, config = _gh200("blog-dp4-ep")
+    objective = load_objective("throughput")
+    long_ctx = ServeConfig(args={**config.args, "max-model-len": 1_000_000})
+    checks = PreLaunch(profile, ckpt, objective, "off")
+    ctx: Any = None  # prevalidation is off, so the context is not read
+    assert checks.check(long_ctx, ctx) is None  # 1.41 M tokens per rank by default
+    checks.observe(config.args, 500_000)  # what vLLM logged on this node
+    refusal = checks.check(long_ctx, ctx)
+    assert refusal is not None and refusal.failure_class == "infeasible"
+    assert "fitted to 1 launched trial" in refusal.reason and "less than max-model-len" in refusal.reason
+    assert refusal.evidence["kv_bytes_per_token_fp8"] == checks.calibration.base  # type: ignore[union-attr]
+    checks.observe(config.args, None)  # a trial that never got ready teaches nothing
+    assert checks.calibration is not None and checks.calibration.trials == 1

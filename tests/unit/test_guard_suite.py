@@ -54,12 +54,23 @@ def fake() -> Iterator[tuple[_Server, str]]:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             state.requests.append((self.path, body, self.headers.get("Authorization")))
             code, out = state.handler(self.path, body)
+            if body.get("stream") and code == 200:
+                self._stream(out.get("sse") or _as_sse(out["choices"][0]["message"]))
+                return
             data = json.dumps(out).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _stream(self, events: list[dict[str, Any]]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for event in events:
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
 
         def log_message(self, *args: object) -> None:
             pass
@@ -72,6 +83,26 @@ def fake() -> Iterator[tuple[_Server, str]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _as_sse(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A correct stream of ``message``: content in 3-character deltas, each call as name then argument pieces."""
+    def event(delta: dict[str, Any]) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": delta}]}
+
+    events = [event({"role": "assistant"})]
+    thought = message.get("reasoning") or ""
+    events += [event({"reasoning": thought[i:i + 5]}) for i in range(0, len(thought), 5)]
+    text = message.get("content") or ""
+    events += [event({"content": text[i:i + 3]}) for i in range(0, len(text), 3)]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        fn = call["function"]
+        events.append(event({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                             "function": {"name": fn["name"], "arguments": ""}}]}))
+        args = fn["arguments"]
+        events += [event({"tool_calls": [{"index": index, "function": {"arguments": args[i:i + 4]}}]})
+                   for i in range(0, len(args), 4)]
+    return events
 
 
 def _target(base_url: str, tmp_path: Path, *, speculative: bool = False, control: str | None = None,
@@ -104,7 +135,10 @@ def test_tool_call_round_trip_passes_and_sends_the_dsv4_shapes(fake: tuple[_Serv
     state.handler = handler
     result = ToolCallGuard("tool_call", TOOL_SPEC).run(_target(url, tmp_path))
     assert result.passed, result.detail
-    (p1, first, auth), (_, second, _) = state.requests
+    (p1, first, auth), (_, second, _), (_, streamed, _) = state.requests
+    assert streamed == {**first, "stream": True}  # the same probe, streamed, after the round trip
+    assert result.evidence["probes"][0]["streamed_response"]["tool_calls"] == [
+        {"name": "get_weather", "arguments": '{"city": "Oslo"}'}]
     assert p1 == "/v1/chat/completions" and auth == f"Bearer {KEY}"
     assert first["tools"] == TOOLS and first["tool_choice"] == "auto" and first["temperature"] == 0.0
     assert first["chat_template_kwargs"] == {"thinking": False}
@@ -122,6 +156,42 @@ def test_tool_call_fails_on_raw_dsml_and_on_a_refusal(fake: tuple[_Server, str],
     state.handler = lambda p, b: (400, {"error": {"message": msg}})
     refused = ToolCallGuard("tool_call", TOOL_SPEC).run(_target(url, tmp_path))
     assert not refused.passed and "HTTP 400" in refused.detail and "--tool-call-parser" in refused.detail
+
+
+def test_a_tool_call_broken_only_when_streamed_fails(fake: tuple[_Server, str], tmp_path: Path) -> None:
+    """The streaming parser's own failure: the non-streamed call parses, the streamed one leaks DSML."""
+    state, url = fake
+    leaked = [{"choices": [{"index": 0, "delta": {"content": piece}}]}
+              for piece in ("<｜DSML｜invoke name=", '"get_weather">', "Oslo</｜DSML｜invoke>")]
+
+    def handler(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body.get("stream"):
+            return 200, {"sse": leaked}
+        if body["messages"][-1]["role"] == "tool":
+            return _chat({"content": "It is grey in Oslo."})
+        return _chat(CALL)
+
+    state.handler = handler
+    result = ToolCallGuard("tool_call", TOOL_SPEC).run(_target(url, tmp_path))
+    assert not result.passed
+    assert "streamed: raw '｜DSML｜' markup left in content" in result.detail
+    # arguments that differ between the two paths fail too
+    other = {**CALL, "tool_calls": [{**CALL["tool_calls"][0],  # type: ignore[index]
+                                     "function": {"name": "get_weather", "arguments": '{"city": "Bergen"}'}}]}
+
+    def differing(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body.get("stream"):
+            return 200, {"sse": _as_sse(other)}
+        return handler(path, body)
+
+    state.handler = differing
+    spec = TOOL_SPEC.model_copy(update={"probes": [TOOL_SPEC.probes[0].model_copy(
+        update={"expect_call": ExpectedCall(name="get_weather")})]})
+    result = ToolCallGuard("tool_call", spec).run(_target(url, tmp_path))
+    assert not result.passed and "differs from the non-streamed call" in result.detail
+    # and with stream: false the streamed path is not probed at all
+    off = ToolCallGuard("tool_call", TOOL_SPEC.model_copy(update={"stream": False})).run(_target(url, tmp_path))
+    assert off.passed, off.detail
 
 
 REASONING_SPEC = ReasoningSpec(
@@ -158,6 +228,27 @@ def test_reasoning_split_and_carry_pass(fake: tuple[_Server, str], tmp_path: Pat
     follow = state.requests[-1][1]
     assert follow["chat_template_kwargs"] == {"thinking": True} and follow["return_prompt_text"] is True
     assert follow["messages"][-2]["reasoning_content"] == "I should call get_weather."
+    assert result.evidence["probes"][0]["streamed_response"] == {"reasoning": "two and two make four",
+                                                                 "content": "4"}
+
+
+def test_reasoning_split_only_when_not_streamed_fails(fake: tuple[_Server, str], tmp_path: Path) -> None:
+    """The streaming reasoning parser's own failure: all of the text arrives as content, markup and all."""
+    state, url = fake
+    _reasoning_server(state)
+    split_ok = state.handler
+
+    def handler(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body.get("stream"):
+            return 200, {"sse": _as_sse({"content": "two and two make four</think>4"})}
+        return split_ok(path, body)
+
+    state.handler = handler
+    result = ReasoningGuard("reasoning", REASONING_SPEC).run(_target(url, tmp_path))
+    assert not result.passed and "s: streamed: no reasoning field in the response" in result.detail
+    assert result.evidence["probes"][0]["response"]["reasoning"] == "two and two make four"
+    streamed_requests = [body for _, body, _ in state.requests if body.get("stream")]
+    assert len(streamed_requests) == 1 and streamed_requests[0]["chat_template_kwargs"] == {"thinking": True}
 
 
 def test_reasoning_fails_when_unsplit_or_not_carried(fake: tuple[_Server, str], tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 import tuner.study as study_mod
 from tuner.confirm import ConfirmSpec
+from tuner.objective import constraint_names
 from tuner.space import ServeConfig
 from tuner.study import Study, new_record
 from tuner.trial import TrialContext, TrialOutcome
@@ -160,3 +161,65 @@ def test_second_tuner_on_the_same_study_is_refused(tmp_path: Path, fake_launches
     study_obj = _study(tmp_path, trials=1)
     with StudyLock(study_obj.path), pytest.raises(StudyLockedError, match="already being run"):
         study_obj.run()
+
+
+def test_the_kv_fit_is_learnt_from_launches_and_survives_a_resume(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """gh200x4 with its catalogued checkpoint: each launch's logged KV capacity refits the model."""
+    launched: list[ServeConfig] = []
+
+    def fake_run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, **_kw: Any) -> TrialOutcome:
+        launched.append(config)
+        tdir.mkdir(parents=True, exist_ok=True)
+        margins = tuple(-1.0 for _ in constraint_names(ctx.objective))
+        return TrialOutcome(ok=True, value=100.0, constraints=margins, failure_class=None, reason="synthetic",
+                            summary={"output_throughput": 100.0}, server_metrics={}, ready_s=1.0, duration_s=10.0,
+                            trial_dir=str(tdir), config_key=config.key(), kv_cache_tokens=400_000)
+
+    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    record = new_record(name="kv", hw="gh200x4", objective="throughput", model=str(model), vllm_cmd=sys.executable,
+                        port=None, trials=2, budget_s=None, seed=1, slo_overrides={}, ready_timeout_s=None,
+                        prevalidate="off", confirm=ConfirmSpec(top_k=0, repeats=2))
+    study = Study.create(record, tmp_path / "runs")
+    ostudy = study.run()
+    assert launched
+    assert any(t.user_attrs.get("kv_cache_tokens") == 400_000 for t in ostudy.trials)
+    reopened = Study.open("kv", tmp_path / "runs")
+    checks = reopened.prelaunch(reopened.optuna_study())
+    assert checks.calibration is not None and checks.calibration.trials == len(launched)
+
+
+def test_report_names_the_winner_the_failures_and_the_trials_a_client_limited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.report import build_markdown
+
+    def fake_run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, **_kw: Any) -> TrialOutcome:
+        ran, value, constraints, failure = surface(config)
+        tdir.mkdir(parents=True, exist_ok=True)
+        starved = int(config.args["max-num-seqs"]) >= 32
+        return TrialOutcome(ok=ran, value=value, constraints=constraints,
+                            failure_class=failure or (None if all(c <= 0 for c in constraints) else "slo_violated"),
+                            reason="synthetic", summary={"output_throughput": value, "p95_ttft_ms": 10.0,
+                                                         "p95_itl_ms": 2.0},
+                            server_metrics={"client": {"client_starved": starved, "client_saturated": False}},
+                            ready_s=1.0, duration_s=10.0, trial_dir=str(tdir), config_key=config.key())
+
+    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    study = _study(tmp_path, trials=6)
+    ostudy = study.run()
+    flagged = [t.number for t in ostudy.trials if t.user_attrs.get("client_starved")]
+    assert flagged, "the surface's max-num-seqs >= 32 trials starve the client"
+    assert not any(t.user_attrs.get("client_saturated") for t in ostudy.trials)
+    text = build_markdown(study, ostudy, images={})
+    winner = study.winner(ostudy)
+    assert winner is not None and f"**Winner: trial {winner.trial}, output_throughput = {winner.value:.2f}" in text
+    section = text.split("## Load generator warnings", 1)[1].split("## Failures", 1)[0]
+    for number in flagged:
+        assert f"| {number} | " in section and "starved" in section
+    for t in ostudy.trials:
+        if t.number not in flagged:
+            assert f"| {t.number} | " not in section
+    assert "## Failures" in text

@@ -1,0 +1,63 @@
+"""After scale-out workers finish, ``resume`` on one node confirms the top-k and exports.
+
+Workers screen only (each node runs its own trials; none can own the confirmation phase). The shared
+study then resumes like a local one: its trial target is already met, so the loop goes straight to
+confirmation. Synthetic trials (``run_trial`` replaced) on a real SQLite Optuna storage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tuner.study as study_mod
+from tuner.confirm import ConfirmSpec
+from tuner.objective import constraint_names
+from tuner.space import ServeConfig
+from tuner.study import Study, new_record
+from tuner.trial import TrialContext, TrialOutcome
+from tuner.worker import NodeIdentity, Worker, WorkerOptions, make_storage, open_shared
+
+NODE = NodeIdentity(hostname="node-a", gpu_model=None, gpu_count=0, driver=None, vllm_version="0.32.0",
+                    cpu_model="x86", cpu_count=2)
+
+
+def test_a_shared_study_is_confirmed_by_resume_after_its_workers(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: list[tuple[int, str]] = []
+
+    def fake_run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *, repeats: int = 1,
+                       **_kw: Any) -> TrialOutcome:
+        runs.append((repeats, config.key()))
+        tdir.mkdir(parents=True, exist_ok=True)
+        value = float(config.args.get("max-num-seqs", 1))
+        return TrialOutcome(ok=True, value=value, constraints=tuple(-1.0 for _ in constraint_names(ctx.objective)),
+                            failure_class=None, reason="synthetic", summary={"output_throughput": value},
+                            server_metrics={}, ready_s=1.0, duration_s=5.0, trial_dir=str(tdir),
+                            config_key=config.key(), repeat_values=(value,) * repeats)
+
+    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    record = new_record(name="night", hw="cpu", objective="throughput", model=str(model), vllm_cmd=sys.executable,
+                        port=None, trials=3, budget_s=None, seed=0, slo_overrides={}, ready_timeout_s=None,
+                        prevalidate="off", confirm=ConfirmSpec(top_k=1, repeats=2))
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    storage = make_storage(url)
+    shared = open_shared("night", tmp_path / "runs", storage, url=url, create=record)
+    ostudy = Worker(shared, WorkerOptions(worker_id="a"), url=url, identity=NODE).run()
+    assert all(repeats == 1 for repeats, _ in runs)  # workers screen only
+    assert "confirmations" not in ostudy.user_attrs
+
+    resumed = Study.open("night", tmp_path / "runs")
+    after = resumed.run()
+    confirmations = after.user_attrs["confirmations"]
+    confirmed = [c for c in confirmations if c["control_of"] is None]
+    assert len(confirmed) == 1 and confirmed[0]["values"] == [confirmed[0]["values"][0]] * 2
+    assert [r for r, _ in runs].count(2) == len(confirmations)  # confirmation launches, nothing re-screened
+    assert resumed.winner(after) is not None and resumed.winner(after).confirmed  # type: ignore[union-attr]
