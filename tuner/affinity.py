@@ -68,6 +68,9 @@ def plan_cpu_split(client_cpus: int, *, bind_omp: bool,
     """
     if client_cpus <= 0:
         return None
+    if not hasattr(os, "sched_setaffinity"):  # not Linux: no per-thread affinity to set
+        log.warning("cpu split: this OS cannot pin threads to cores; client and server will share")
+        return None
     cores = tuple(sorted(available)) if available is not None else available_cpus()
     if len(cores) <= client_cpus:
         log.warning("cpu split: %d core(s) available, %d asked for the client; client and server will share",

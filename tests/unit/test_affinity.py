@@ -38,6 +38,11 @@ def test_no_split_without_a_core_left_for_the_server_or_when_not_asked(caplog: p
     assert plan_cpu_split(0, bind_omp=True, available=[0, 1]) is None
 
 
+def test_no_split_where_the_os_cannot_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "sched_setaffinity")
+    assert plan_cpu_split(1, bind_omp=True, available=[0, 1]) is None
+
+
 def test_omp_binding_has_one_core_list_per_rank() -> None:
     split = CpuSplit(server=(0, 1, 2, 3, 4), client=(5,), bind_omp=True)
     assert split.server_env() == {OMP_BIND_ENV: "0-4"}
