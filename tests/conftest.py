@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tuner.study import StudyRecord
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,6 +24,20 @@ def vllm_cli() -> str | None:
     if beside.is_file():
         return str(beside)
     return shutil.which("vllm")
+
+
+def synthetic_record(tmp_path: Path, *, name: str, trials: int | None, hw: str = "cpu",
+                     budget_s: float | None = None, top_k: int = 0, seed: int = 1) -> StudyRecord:
+    """A study record for synthetic trials: a stand-in model folder (only a vocabulary), no prevalidation."""
+    from tuner.confirm import ConfirmSpec
+    from tuner.study import new_record
+
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    return new_record(name=name, hw=hw, objective="throughput", model=str(model), vllm_cmd=sys.executable,
+                      port=None, trials=trials, budget_s=budget_s, seed=seed, slo_overrides={},
+                      ready_timeout_s=None, prevalidate="off", confirm=ConfirmSpec(top_k=top_k, repeats=2))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

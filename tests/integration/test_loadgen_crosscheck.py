@@ -47,7 +47,7 @@ from tests.conftest import vllm_cli
 from tuner.affinity import CpuSplit, pinned, plan_cpu_split
 from tuner.launcher import LaunchSpec, ServerProcess, free_port
 from tuner.loadgen import run_load_sync
-from tuner.metrics import parse_prometheus, summarize
+from tuner.metrics import Samples, histogram_deltas, parse_prometheus, summarize
 from tuner.workload import Workload
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -67,7 +67,7 @@ LATENCY_TOLERANCE = 0.10
 # to this sanity bound, the issue's bounds apply to the normalized ratios.
 RAW_TOLERANCE = 0.25
 SPLIT: CpuSplit | None = plan_cpu_split(1, bind_omp=True)
-# The server's own histograms: result key -> (metric, scale to the client's unit).
+# The server's own latency histograms: result key -> metric (seconds; the results hold ms).
 SERVER_VIEW = {"server_mean_e2e_ms": "vllm:e2e_request_latency_seconds",
                "server_mean_ttft_ms": "vllm:time_to_first_token_seconds",
                "server_mean_itl_ms": "vllm:inter_token_latency_seconds"}
@@ -118,26 +118,19 @@ def _bench(base_url: str, tokenizer: Path, out: Path, seed: int) -> dict[str, An
     return data
 
 
-def _server_histograms(base_url: str) -> dict[str, tuple[float, float]]:
-    """(sum, count) of each of the server's own latency histograms in SERVER_VIEW."""
-    wanted = {f"{metric}_{part}": (key, part) for key, metric in SERVER_VIEW.items() for part in ("sum", "count")}
-    totals = {key: {"sum": 0.0, "count": 0.0} for key in SERVER_VIEW}
-    for (name, _labels), value in parse_prometheus(httpx.get(base_url + "/metrics", timeout=10).text).items():
-        if name in wanted:
-            key, part = wanted[name]
-            totals[key][part] += value
-    return {key: (t["sum"], t["count"]) for key, t in totals.items()}
+def _scrape(base_url: str) -> Samples:
+    return parse_prometheus(httpx.get(base_url + "/metrics", timeout=10).text)
 
 
 def _with_server_view(base_url: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run one round and add the server's own mean e2e, TTFT and ITL over it (ms)."""
-    before = _server_histograms(base_url)
+    before = _scrape(base_url)
     result = run()
-    after = _server_histograms(base_url)
-    for key, (total, count) in after.items():
-        total0, count0 = before[key]
-        assert count > count0, f"the server's {SERVER_VIEW[key]} did not move during the round"
-        result[key] = 1000.0 * (total - total0) / (count - count0)
+    after = _scrape(base_url)
+    for key, metric in SERVER_VIEW.items():
+        _buckets, count, total = histogram_deltas(before, after, metric)
+        assert count > 0, f"the server's {metric} did not move during the round"
+        result[key] = 1000.0 * total / count
     return result
 
 

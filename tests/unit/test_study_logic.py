@@ -9,7 +9,6 @@ controls, confirmation, budget and resume.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,10 @@ import pytest
 from optuna.trial import TrialState
 
 import tuner.study as study_mod
-from tuner.confirm import ConfirmSpec
+from tests.conftest import synthetic_record
 from tuner.objective import constraint_names
 from tuner.space import ServeConfig
-from tuner.study import Study, new_record
+from tuner.study import Study
 from tuner.trial import TrialContext, TrialOutcome
 
 
@@ -59,12 +58,7 @@ def fake_launches(monkeypatch: pytest.MonkeyPatch) -> list[ServeConfig]:
 
 def _study(tmp_path: Path, *, trials: int | None, budget_s: float | None = None, top_k: int = 0,
            name: str = "s") -> Study:
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
-    record = new_record(name=name, hw="cpu", objective="throughput", model=str(model), vllm_cmd=sys.executable,
-                        port=None, trials=trials, budget_s=budget_s, seed=1, slo_overrides={},
-                        ready_timeout_s=None, prevalidate="off", confirm=ConfirmSpec(top_k=top_k, repeats=2))
+    record = synthetic_record(tmp_path, name=name, trials=trials, budget_s=budget_s, top_k=top_k)
     return Study.create(record, tmp_path / "runs")
 
 
@@ -177,13 +171,7 @@ def test_the_kv_fit_is_learnt_from_launches_and_survives_a_resume(tmp_path: Path
                             trial_dir=str(tdir), config_key=config.key(), kv_cache_tokens=400_000)
 
     monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
-    record = new_record(name="kv", hw="gh200x4", objective="throughput", model=str(model), vllm_cmd=sys.executable,
-                        port=None, trials=2, budget_s=None, seed=1, slo_overrides={}, ready_timeout_s=None,
-                        prevalidate="off", confirm=ConfirmSpec(top_k=0, repeats=2))
-    study = Study.create(record, tmp_path / "runs")
+    study = Study.create(synthetic_record(tmp_path, name="kv", hw="gh200x4", trials=2), tmp_path / "runs")
     ostudy = study.run()
     assert launched
     assert any(t.user_attrs.get("kv_cache_tokens") == 400_000 for t in ostudy.trials)

@@ -7,18 +7,16 @@ confirmation. Synthetic trials (``run_trial`` replaced) on a real SQLite Optuna 
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tuner.study as study_mod
-from tuner.confirm import ConfirmSpec
+from tests.conftest import synthetic_record
 from tuner.objective import constraint_names
 from tuner.space import ServeConfig
-from tuner.study import Study, new_record
+from tuner.study import Study
 from tuner.trial import TrialContext, TrialOutcome
 from tuner.worker import NodeIdentity, Worker, WorkerOptions, make_storage, open_shared
 
@@ -41,12 +39,7 @@ def test_a_shared_study_is_confirmed_by_resume_after_its_workers(tmp_path: Path,
                             config_key=config.key(), repeat_values=(value,) * repeats)
 
     monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
-    record = new_record(name="night", hw="cpu", objective="throughput", model=str(model), vllm_cmd=sys.executable,
-                        port=None, trials=3, budget_s=None, seed=0, slo_overrides={}, ready_timeout_s=None,
-                        prevalidate="off", confirm=ConfirmSpec(top_k=1, repeats=2))
+    record = synthetic_record(tmp_path, name="night", trials=3, top_k=1, seed=0)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     storage = make_storage(url)
     shared = open_shared("night", tmp_path / "runs", storage, url=url, create=record)
