@@ -272,7 +272,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tuner.study import Study, best_feasible_trial
+    from tuner.confirm_phase import best_feasible_trial
+    from tuner.study import Study
 
     study = Study.open(args.name, args.runs_dir)
     optuna_study = study.optuna_study()

@@ -103,7 +103,8 @@ def _creation_record(args: argparse.Namespace) -> object | None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from tuner.cli import parse_duration
-    from tuner.study import StudyRecord, best_feasible_trial
+    from tuner.confirm_phase import best_feasible_trial
+    from tuner.study import StudyRecord
     from tuner.worker import WorkerOptions, run_worker
 
     record = _creation_record(args)
@@ -136,9 +137,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_ray(args: argparse.Namespace) -> int:
     """``dsv4-tune run --backend ray ...``: the same study, its trials spread over a Ray cluster."""
     from tuner.cli import record_from_args
+    from tuner.confirm_phase import best_feasible_trial
     from tuner.export import export_best
     from tuner.ray_backend import RayOptions, run_study
-    from tuner.study import Study, best_feasible_trial
+    from tuner.study import Study
 
     record = record_from_args(args)
     study = Study.create(record, args.runs_dir)

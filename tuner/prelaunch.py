@@ -45,11 +45,17 @@ class PreLaunch:
         self.validate = self._decide_validation(prevalidate)
         self.kv_observations: list[tuple[Mapping[str, Any], int]] = []
         self.calibration: KvCalibration | None = None
+        self.observed_trials: set[int] = set()
 
-    def observe(self, args: Mapping[str, Any], kv_tokens_per_rank: int | None) -> None:
-        """Learn from a launched trial's KV capacity (its server log); refits the bytes per token."""
-        if kv_tokens_per_rank is None or self.checkpoint is None:
+    def observe(self, args: Mapping[str, Any], kv_tokens_per_rank: int | None, trial: int | None = None) -> None:
+        """Learn from a launched trial's KV capacity (its server log); refits the bytes per token.
+
+        ``trial`` (its Optuna number) makes this idempotent: a trial already learnt is not counted twice.
+        """
+        if kv_tokens_per_rank is None or self.checkpoint is None or trial in self.observed_trials:
             return
+        if trial is not None:
+            self.observed_trials.add(trial)
         from tuner.feasibility import fit_kv_bytes_per_token
 
         self.kv_observations.append((dict(args), kv_tokens_per_rank))

@@ -8,27 +8,26 @@ learns from it; it is never left out as FAIL. FAIL is kept for trials the tuner 
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import logging
 import os
-import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import catalog, store
 from tuner.affinity import plan_cpu_split
 from tuner.checkpoints import Checkpoint, load_checkpoint
-from tuner.confirm import Confirmation, ConfirmSpec, judge, pick_winner
+from tuner.confirm import Confirmation, ConfirmSpec
+from tuner.confirm_phase import ConfirmationPhase, Winner, best_feasible_trial
 from tuner.engine import resolve_vllm_cmd
 from tuner.errors import StudyError, StudyLockedError, UsageError
 from tuner.failures import FailureClass
@@ -356,8 +355,7 @@ class Study:
             if config.is_speculative and config.control().key() not in launched_keys:
                 # The control launches first, beside its speculative twin, so that the twin's gates can
                 # compare with it and the report can show the speculative gain.
-                study.enqueue_trial(dict(config.control().params), user_attrs={"control_for": config.key()})
-                control = study.ask()
+                control = ask_fixed(study, config.control().params, {"control_for": config.key()})
                 try:
                     self._attempt(study, control, suggest(self.profile, control), ctx, prelaunch, launched_keys,
                                   progress, on_progress, should_stop)
@@ -381,17 +379,27 @@ class Study:
     def prelaunch(self, study: optuna.Study) -> PreLaunch:
         """The pre-launch checks, with the KV capacity of every trial launched so far already learnt."""
         checks = PreLaunch(self.profile, self.checkpoint, self.objective, self.record.prevalidate)
+        self.learn_kv(study, checks)
+        return checks
+
+    def learn_kv(self, study: optuna.Study, checks: PreLaunch) -> None:
+        """Feed ``checks`` the logged KV capacity of every launched trial it has not seen yet.
+
+        A worker calls this before each launch, so it also learns from the other workers' launches.
+        """
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             tokens = t.user_attrs.get("kv_cache_tokens")
-            if isinstance(tokens, int) and "duplicate_of" not in t.user_attrs:
-                try:
-                    args = build_config(self.profile, t.params).args
-                except (KeyError, ValueError) as exc:  # params of an older profile: learn from the others
-                    log.warning("trial %d: its parameters no longer build a configuration (%s); its KV "
-                                "capacity is not used for the feasibility fit", t.number, exc)
-                    continue
-                checks.observe(args, tokens)
-        return checks
+            if (not isinstance(tokens, int) or "duplicate_of" in t.user_attrs
+                    or t.number in checks.observed_trials):
+                continue
+            try:
+                args = build_config(self.profile, t.params).args
+            except (KeyError, ValueError) as exc:  # params of an older profile: learn from the others
+                log.warning("trial %d: its parameters no longer build a configuration (%s); its KV "
+                            "capacity is not used for the feasibility fit", t.number, exc)
+                checks.observed_trials.add(t.number)
+                continue
+            checks.observe(args, tokens, t.number)
 
     def _attempt(self, study: optuna.Study, trial: optuna.Trial, config: ServeConfig, ctx: TrialContext,
                  prelaunch: PreLaunch, launched_keys: dict[str, int], progress: Progress,
@@ -409,7 +417,7 @@ class Study:
             on_progress(progress)
             return "pruned"
         outcome = self._run_one(study, trial, config, ctx, progress, on_progress, should_stop)
-        prelaunch.observe(config.args, outcome.kv_cache_tokens)
+        prelaunch.observe(config.args, outcome.kv_cache_tokens, trial.number)
         launched_keys[key] = trial.number
         progress.launched += 1
         self._update_best(study, progress)
@@ -444,99 +452,26 @@ class Study:
         trial.set_user_attr("reason", verdict.reason[:1000])
         study.tell(trial, score_.value)
 
-    # -- confirmation (multi-fidelity) ---------------------------------------------------------
-    def confirmations(self, study: optuna.Study) -> list[Confirmation]:
-        return [Confirmation(**{**c, "values": tuple(c["values"])}) for c in study.user_attrs.get("confirmations", [])]
+    # -- confirmation (tuner.confirm_phase) ----------------------------------------------------
+    @property
+    def confirmation_phase(self) -> ConfirmationPhase:
+        return ConfirmationPhase(self.path, self.record.confirm, self.objective, self.profile)
 
-    def _candidates(self, study: optuna.Study) -> list[tuple[int, ServeConfig, int | None]]:
-        """Top-k distinct feasible screening trials, each speculative one followed by its control."""
-        top = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                      if t.user_attrs.get("feasible") and "duplicate_of" not in t.user_attrs and t.value is not None),
-                     key=lambda t: float(t.value or 0.0),
-                     reverse=self.objective.direction == "maximize")[: self.record.confirm.top_k]
-        out: list[tuple[int, ServeConfig, int | None]] = []
-        seen: set[str] = set()
-        for t in top:
-            config = build_config(self.profile, t.params)
-            if config.key() not in seen:
-                out.append((t.number, config, None))
-                seen.add(config.key())
-            if config.is_speculative and config.control().key() not in seen:
-                out.append((t.number, config.control(), t.number))
-                seen.add(config.control().key())
-        return out
+    def confirmations(self, study: optuna.Study) -> list[Confirmation]:
+        return self.confirmation_phase.confirmations(study)
+
+    def winner(self, study: optuna.Study) -> Winner | None:
+        """What to export: the best confirmed candidate, else the best feasible screening trial."""
+        return self.confirmation_phase.winner(study)
 
     def _confirm(self, study: optuna.Study, ctx: TrialContext, progress: Progress,
                  on_progress: Callable[[Progress], None], should_stop: Callable[[], bool],
                  deadline: float | None = None) -> None:
-        spec = self.record.confirm
-        if spec.top_k == 0:
-            return
-        per_candidate_s = self._confirm_reserve_s(study) / (spec.top_k * 1.5)
-        done = {(c.trial, c.config_key) for c in self.confirmations(study)}
-        workload = self.objective.workload
-        longer = workload.model_copy(update={"num_prompts": max(1, round(workload.num_prompts * spec.workload_scale))})
-        for number, config, control_of in self._candidates(study):
-            if (number, config.key()) in done or should_stop():
-                continue
-            if deadline is not None and time.time() + per_candidate_s > deadline:
-                progress.events.append(f"no time left to confirm trial {number}; its result stays unconfirmed")
-                on_progress(progress)
-                continue
-            # Confirm at the concurrency the screening ladder chose, not with the whole ladder again.
-            chosen_c = study.trials[number].user_attrs.get("max_concurrency")
-            update: dict[str, Any] = {"workload": longer}
-            if chosen_c and self.objective.ladder is not None:
-                update["ladder"] = self.objective.ladder.model_copy(update={"steps": (int(chosen_c),)})
-                update["workload"] = longer.model_copy(update={"concurrency": int(chosen_c)})
-            confirm_ctx = dataclasses.replace(ctx, objective=self.objective.model_copy(update=update))
-            suffix = "-control" if control_of is not None else ""
-            tdir = self.path / "confirm" / f"{number:04d}{suffix}"
-            progress.trial_number = number
-            progress.phase = f"confirm{suffix}"
-            on_progress(progress)
-            outcome = run_trial(confirm_ctx, config, tdir, should_stop=should_stop, repeats=spec.repeats,
-                                on_phase=_phase_reporter(progress, on_progress, f"confirm{suffix}"))
-            if outcome.failure_class == FailureClass.INTERRUPTED.value:
-                raise KeyboardInterrupt
-            verdict = judge(number, config.key(), outcome.repeat_values, all_feasible=outcome.feasible, spec=spec,
-                            maximize=self.objective.direction == "maximize",
-                            trial_dir=str(tdir.relative_to(self.path)), speculative=config.is_speculative,
-                            failure=None if outcome.ok else f"{outcome.failure_class}: {outcome.reason[:200]}",
-                            control_of=control_of)
-            stored = list(study.user_attrs.get("confirmations", []))
-            stored.append(verdict.to_json())
-            study.set_user_attr("confirmations", stored)
-            progress.events.append(f"confirm trial {number}{suffix}: {verdict.reason}")
-            on_progress(progress)
+        # run_trial is looked up here, at call time, so that tests replacing tuner.study.run_trial reach it.
+        self.confirmation_phase.run(study, ctx, run_trial, progress, on_progress, should_stop, deadline)
 
     def _confirm_reserve_s(self, study: optuna.Study) -> float:
-        """Wall time to keep for the confirmation phase when deciding whether to screen once more."""
-        spec = self.record.confirm
-        if spec.top_k == 0:
-            return 0.0
-        finished = [t for t in study.get_trials(deepcopy=False) if "duration_s" in t.user_attrs]
-        if not finished:
-            return 0.0
-        launch = statistics.median(float(t.user_attrs.get("ready_s") or 0.0) for t in finished)
-        load = statistics.median(max(0.0, float(t.user_attrs["duration_s"]) - float(t.user_attrs.get("ready_s") or 0.0))
-                                 for t in finished)
-        per_candidate = launch + load * spec.repeats * spec.workload_scale
-        return per_candidate * spec.top_k * 1.5  # controls of speculative candidates, roughly
-
-    def winner(self, study: optuna.Study) -> Winner | None:
-        """What to export: the best confirmed candidate, else the best feasible screening trial."""
-        maximize = self.objective.direction == "maximize"
-        confirmations = self.confirmations(study)
-        chosen = pick_winner(confirmations, maximize=maximize)
-        if chosen is not None:
-            return Winner(trial=chosen.trial, trial_dir=self.path / chosen.trial_dir, value=chosen.median,
-                          confirmed=True, confirmation=chosen, all_confirmations=tuple(confirmations))
-        best = best_feasible_trial(study)
-        if best is None or best.value is None:
-            return None
-        return Winner(trial=best.number, trial_dir=self.path / str(best.user_attrs["trial_dir"]), value=best.value,
-                      confirmed=False, confirmation=None, all_confirmations=tuple(confirmations))
+        return self.confirmation_phase.reserve_s(study)
 
     def _run_one(self, study: optuna.Study, trial: optuna.Trial, config: ServeConfig, ctx: TrialContext,
                  progress: Progress, on_progress: Callable[[Progress], None],
@@ -641,39 +576,22 @@ class Study:
         return out
 
 
-def _phase_reporter(progress: Progress, on_progress: Callable[[Progress], None],
-                    prefix: str) -> Callable[[str], None]:
-    def report(name: str) -> None:
-        progress.phase = f"{prefix} {name}"
-        on_progress(progress)
+def ask_fixed(study: optuna.Study, params: Mapping[str, Any], user_attrs: dict[str, Any]) -> optuna.Trial:
+    """A RUNNING trial with these parameters, owned by the caller.
 
-    return report
-
-
-@dataclass(frozen=True)
-class Winner:
-    trial: int
-    trial_dir: Path
-    value: float
-    confirmed: bool
-    confirmation: Confirmation | None
-    all_confirmations: tuple[Confirmation, ...]
+    ``enqueue_trial`` + ``ask`` does the same in one process, but in a shared study another worker may
+    pop the queued trial first, or this one may pop an older queued trial; creating the trial RUNNING
+    takes it straight to the caller. Optuna's ``suggest_*`` return the fixed values, as for a queued trial.
+    """
+    template = optuna.trial.create_trial(state=TrialState.RUNNING, system_attrs={"fixed_params": dict(params)},
+                                         user_attrs=user_attrs)
+    trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
+    return optuna.Trial(study, trial_id)
 
 
 def launched_keys_numbers(study: optuna.Study) -> list[int]:
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True)]
-
-
-def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The best COMPLETE trial that ran, passed its gates and met every SLO."""
-    candidates = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                  if t.user_attrs.get("feasible") and "duplicate_of" not in t.user_attrs
-                  and t.value is not None]
-    if not candidates:
-        return None
-    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
-    return max(candidates, key=lambda t: sign * float(t.value or 0.0))
 
 
 def trials_frame(study: optuna.Study) -> Any:

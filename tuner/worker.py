@@ -45,15 +45,18 @@ from tuner import store
 from tuner.errors import StudyError, UsageError
 from tuner.identity import gpu_identity
 from tuner.launcher import stop_orphans
-from tuner.space import suggest
+from tuner.prelaunch import PreLaunch
+from tuner.space import ServeConfig, suggest
 from tuner.study import (
     MAX_DUPLICATES_IN_A_ROW,
     Progress,
     Study,
     StudyLock,
     StudyRecord,
+    ask_fixed,
     launched_keys_numbers,
 )
+from tuner.trial import TrialOutcome
 
 log = logging.getLogger(__name__)
 
@@ -438,7 +441,6 @@ class Worker:
         deadline = time.time() + budget_s if budget_s else None
         progress = Progress(study=record.name, target=record.trials, deadline=deadline)
         duplicates = 0
-        identity = self.identity()
         prelaunch = study.prelaunch(ostudy)
         while True:
             with launch_lock(self.options.launch_lock):
@@ -457,9 +459,7 @@ class Worker:
                     break
                 trial = ostudy.ask()
                 with Heartbeat(ostudy._storage, trial._trial_id, self.options.heartbeat_interval_s):
-                    trial.set_user_attr("worker_id", self.options.worker_id)
-                    trial.set_user_attr("node", identity.hostname)
-                    trial.set_user_attr("node_fingerprint", identity.fingerprint())
+                    self._stamp(trial)
                     try:
                         config = suggest(study.profile, trial)
                     except Exception:
@@ -481,30 +481,74 @@ class Worker:
                         duplicates += 1
                         continue
                     duplicates = 0
-                    verdict = prelaunch.check(config, ctx)
-                    if verdict is not None:  # the local loop's pre-launch pruning (memory model, vLLM's parser)
-                        study._tell_pruned(ostudy, trial, config, verdict)
-                        progress.events.append(f"trial {trial.number} pruned before launch: {verdict.reason[:100]}")
-                        continue
-                    try:
-                        outcome = study._run_one(ostudy, trial, config, ctx, progress, on_progress, lambda: False)
-                        prelaunch.observe(config.args, outcome.kv_cache_tokens)
-                    except KeyboardInterrupt:
-                        log.warning("interrupted: trial %d goes back to the queue", trial.number)
-                        ostudy.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
-                        raise
-            progress.launched += 1
-            progress.last = (f"trial {trial.number}: {outcome.value:.1f} {study.objective.metric}"
-                             if outcome.ok else f"trial {trial.number} failed: {outcome.failure_class}")
-            progress.events.append(progress.last)
-            on_progress(progress)
-            if config.is_speculative:
-                study._enqueue_control(ostudy, config, study._launched_keys(ostudy))
+                    study.learn_kv(ostudy, prelaunch)  # the other workers' launches too
+                    if config.is_speculative:
+                        self._control_first(ostudy, trial, config, ctx, prelaunch, progress, on_progress,
+                                            launched, running)
+                    self._launch(ostudy, trial, config, ctx, prelaunch, progress, on_progress)
             study.write_trials_table(ostudy)
         progress.phase = "done"
         on_progress(progress)
         study.write_trials_table(ostudy)
         return ostudy
+
+    def _stamp(self, trial: optuna.Trial) -> None:
+        identity = self.identity()
+        trial.set_user_attr("worker_id", self.options.worker_id)
+        trial.set_user_attr("node", identity.hostname)
+        trial.set_user_attr("node_fingerprint", identity.fingerprint())
+
+    def _launch(self, ostudy: optuna.Study, trial: optuna.Trial, config: ServeConfig, ctx: Any, prelaunch: PreLaunch,
+                progress: Progress, on_progress: Callable[[Progress], None]) -> TrialOutcome | None:
+        """The pre-launch checks, then the trial (None: refused before launch). An interrupt re-queues it."""
+        study = self.study
+        verdict = prelaunch.check(config, ctx)
+        if verdict is not None:  # the local loop's pre-launch pruning (memory model, vLLM's parser)
+            study._tell_pruned(ostudy, trial, config, verdict)
+            progress.events.append(f"trial {trial.number} pruned before launch: {verdict.reason[:100]}")
+            return None
+        try:
+            outcome = study._run_one(ostudy, trial, config, ctx, progress, on_progress, lambda: False)
+        except KeyboardInterrupt:
+            log.warning("interrupted: trial %d goes back to the queue", trial.number)
+            ostudy.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
+            raise
+        prelaunch.observe(config.args, outcome.kv_cache_tokens, trial.number)
+        progress.launched += 1
+        progress.last = (f"trial {trial.number}: {outcome.value:.1f} {study.objective.metric}"
+                         if outcome.ok else f"trial {trial.number} failed: {outcome.failure_class}")
+        progress.events.append(progress.last)
+        on_progress(progress)
+        return outcome
+
+    def _control_first(self, ostudy: optuna.Study, trial: optuna.Trial, config: ServeConfig, ctx: Any,
+                       prelaunch: PreLaunch, progress: Progress, on_progress: Callable[[Progress], None],
+                       launched: Mapping[str, int], running: Mapping[str, int]) -> None:
+        """Launch a speculative trial's no-speculation control before it, as the local loop does.
+
+        The control runs here, on this node, so the speculative trial's equivalence gate finds the
+        control's outputs in this node's study folder. A control already launched is not run again; one
+        running on another worker is left to it (this trial's gate then compares with the other
+        baselines only).
+        """
+        control = config.control()
+        if control.key() in launched:
+            return
+        if control.key() in running:
+            log.info("trial %d: its control runs on another worker as trial %d", trial.number,
+                     running[control.key()])
+            return
+        control_trial = ask_fixed(ostudy, control.params, {"control_for": config.key()})
+        try:
+            with Heartbeat(ostudy._storage, control_trial._trial_id, self.options.heartbeat_interval_s):
+                self._stamp(control_trial)
+                self._launch(ostudy, control_trial, suggest(self.study.profile, control_trial), ctx, prelaunch,
+                             progress, on_progress)
+        except BaseException:
+            trial.set_user_attr("interrupted", True)
+            ostudy.tell(trial, state=TrialState.FAIL)
+            ostudy.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
+            raise
 
 
 def _log_progress(p: Progress) -> None:
