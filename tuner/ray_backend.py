@@ -213,6 +213,7 @@ def _make_searcher(study: Study, storage: optuna.storages.BaseStorage, on_mismat
                         ostudy.tell(ot_trial, state=TrialState.FAIL)
                     del self._ot_trials[trial_id]
                     continue
+                study.learn_kv(ostudy, prelaunch)  # every launch so far, this run's and a resumed study's
                 verdict = prelaunch.check(config, self._context())
                 if verdict is not None:  # the local loop's pre-launch pruning, before a node is spent on it
                     study._tell_pruned(ostudy, ot_trial, config, verdict)
