@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from tuner.space import ServeConfig
     from tuner.study import StudyRecord
+    from tuner.trial import TrialContext, TrialOutcome
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,6 +40,19 @@ def synthetic_record(tmp_path: Path, *, name: str, trials: int | None, hw: str =
     return new_record(name=name, hw=hw, objective="throughput", model=str(model), vllm_cmd=sys.executable,
                       port=None, trials=trials, budget_s=budget_s, seed=seed, slo_overrides={},
                       ready_timeout_s=None, prevalidate="off", confirm=ConfirmSpec(top_k=top_k, repeats=2))
+
+
+def synthetic_outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, repeats: int = 1) -> TrialOutcome:
+    """A launch that met every SLO, worth its max-num-seqs: what a replaced ``run_trial`` returns."""
+    from tuner.objective import constraint_names
+    from tuner.trial import TrialOutcome
+
+    tdir.mkdir(parents=True, exist_ok=True)
+    value = float(config.args.get("max-num-seqs", 1))
+    return TrialOutcome(ok=True, value=value, constraints=tuple(-1.0 for _ in constraint_names(ctx.objective)),
+                        failure_class=None, reason="synthetic", summary={"output_throughput": value},
+                        server_metrics={}, ready_s=1.0, duration_s=5.0, trial_dir=str(tdir),
+                        config_key=config.key(), repeat_values=(value,) * repeats)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,8 +11,7 @@ import pytest
 from optuna.trial import TrialState
 
 import tuner.study as study_mod
-from tests.conftest import synthetic_record
-from tuner.objective import constraint_names
+from tests.conftest import synthetic_outcome, synthetic_record
 from tuner.space import ServeConfig, suggest
 from tuner.study import Study, ask_fixed
 from tuner.trial import TrialContext, TrialOutcome
@@ -31,12 +30,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[ServeConfig]:
     def fake_run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *, repeats: int = 1,
                        **_kw: Any) -> TrialOutcome:
         seen.append(config)
-        tdir.mkdir(parents=True, exist_ok=True)
-        value = float(config.args.get("max-num-seqs", 1))
-        return TrialOutcome(ok=True, value=value, constraints=tuple(-1.0 for _ in constraint_names(ctx.objective)),
-                            failure_class=None, reason="synthetic", summary={"output_throughput": value},
-                            server_metrics={}, ready_s=1.0, duration_s=5.0, trial_dir=str(tdir),
-                            config_key=config.key(), repeat_values=(value,) * repeats)
+        return synthetic_outcome(ctx, config, tdir, repeats)
 
     monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
     return seen
