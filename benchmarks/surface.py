@@ -39,7 +39,8 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
-from tuner.space import HardwareProfile, ServeConfig, build_config, suggest
+from tuner.profile import HardwareProfile
+from tuner.space import ServeConfig, build_config, suggest
 
 Params = Mapping[str, Any]
 

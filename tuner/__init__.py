@@ -20,7 +20,8 @@ from tuner.errors import (
 from tuner.failures import FailureClass
 from tuner.guard_api import GuardReport, GuardResult, GuardSuite, GuardTarget
 from tuner.objective import Objective, Score, load_objective, score
-from tuner.space import HardwareProfile, ServeConfig, build_config, load_profile, suggest
+from tuner.profile import HardwareProfile, load_profile
+from tuner.space import ServeConfig, build_config, suggest
 from tuner.trial import TrialContext, TrialOutcome, run_trial
 from tuner.workload import Workload
 

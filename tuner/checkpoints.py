@@ -2,7 +2,7 @@
 
 ``search_spaces/_checkpoints.yaml`` names each checkpoint (``--checkpoint 0731``) with its repository,
 revision, size, the precision split of its weights, and the speculative draft it carries. The
-feasibility model reads the sizes; :func:`tuner.space.bind_checkpoint` reads the draft method, so a
+feasibility model reads the sizes; :func:`tuner.profile.bind_checkpoint` reads the draft method, so a
 study on the 0731 release drafts with DSpark and one on the preview with MTP, by construction.
 
 Sources: the optimization dossier (0731 ~167 GB, FP4 experts + FP8 remainder, DSpark not MTP, vLLM

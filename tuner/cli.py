@@ -292,7 +292,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from tuner.objective import load_objective
-    from tuner.space import load_profile
+    from tuner.profile import load_profile
 
     table = Table(title="hardware profiles (--hw)")
     table.add_column("name")

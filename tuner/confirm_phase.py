@@ -23,7 +23,8 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.confirm import Confirmation, ConfirmSpec, judge, pick_winner
 from tuner.failures import FailureClass
 from tuner.objective import Objective
-from tuner.space import HardwareProfile, ServeConfig, build_config
+from tuner.profile import HardwareProfile
+from tuner.space import ServeConfig, build_config
 
 if TYPE_CHECKING:
     from tuner.study import Progress

@@ -44,16 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.checkpoints import Checkpoint
-from tuner.space import (
+from tuner.profile import (
     CAPTURE_OPTION,
     MAX_DRAFT_TOKENS,
     SPECULATIVE_OPTION,
     VALUES_NEEDING_EP,
     HardwareProfile,
-    ServeConfig,
     Topology,
     topology_of,
 )
+from tuner.space import ServeConfig
 from tuner.workload import Workload
 
 GIB = 1 << 30

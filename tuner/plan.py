@@ -17,20 +17,16 @@ from tuner.checkpoints import Checkpoint, load_checkpoint
 from tuner.engine import options_to_argv
 from tuner.feasibility import GIB, Feasibility, check
 from tuner.objective import load_objective
-from tuner.space import (
+from tuner.profile import (
     DRAFT_TOKENS_PARAM,
     TOPOLOGY_PARAM,
-    FixedParams,
     HardwareProfile,
     Lever,
-    RandomParams,
     Scalar,
-    ServeConfig,
     bind_checkpoint,
-    build_config,
     load_profile,
-    suggest,
 )
+from tuner.space import FixedParams, RandomParams, ServeConfig, build_config, suggest
 from tuner.workload import Workload
 
 DEFAULT_SAMPLES = 400
@@ -126,7 +122,7 @@ def _values(lever: Lever) -> list[Scalar]:
 
 
 def _context(profile: HardwareProfile, chosen: dict[str, Scalar]) -> dict[str, Scalar]:
-    from tuner.space import parse_topology
+    from tuner.profile import parse_topology
 
     out = dict(chosen)
     if TOPOLOGY_PARAM in chosen:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from tuner.errors import UsageError
 from tuner.failures import FailureClass
 from tuner.objective import Objective
-from tuner.space import HardwareProfile, ServeConfig
+from tuner.profile import HardwareProfile
+from tuner.space import ServeConfig
 
 if TYPE_CHECKING:
     from tuner.checkpoints import Checkpoint

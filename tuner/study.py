@@ -35,7 +35,8 @@ from tuner.guard_api import GuardSuite, NoGuards
 from tuner.launcher import stop_orphans
 from tuner.objective import Objective, constraint_names, failed_score, load_objective
 from tuner.prelaunch import PreLaunch
-from tuner.space import HardwareProfile, ServeConfig, bind_checkpoint, build_config, load_profile, suggest
+from tuner.profile import HardwareProfile, bind_checkpoint, load_profile
+from tuner.space import ServeConfig, build_config, suggest
 from tuner.trial import TrialContext, TrialOutcome, run_trial
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.engine import options_to_argv
-from tuner.space import SPECULATIVE_OPTION
+from tuner.profile import SPECULATIVE_OPTION
 
 
 class _ParseError(Exception):

@@ -21,7 +21,7 @@ from tuner.affinity import (
     plan_cpu_split,
 )
 from tuner.launcher import LaunchSpec, ServerProcess, free_port
-from tuner.space import load_profile
+from tuner.profile import load_profile
 
 two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
 

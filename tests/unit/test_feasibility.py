@@ -8,7 +8,8 @@ import pytest
 
 from tuner.checkpoints import load_checkpoint
 from tuner.feasibility import GB, GIB, check
-from tuner.space import FixedParams, ServeConfig, bind_checkpoint, build_config, load_profile, suggest
+from tuner.profile import bind_checkpoint, load_profile
+from tuner.space import FixedParams, ServeConfig, build_config, suggest
 from tuner.workload import Workload
 
 BLOG = Workload(input_len=1024, output_len=1024)

@@ -9,7 +9,8 @@ import pytest
 from tuner.checkpoints import load_checkpoint
 from tuner.objective import load_objective
 from tuner.prelaunch import PreLaunch
-from tuner.space import RandomParams, bind_checkpoint, build_config, load_profile, suggest
+from tuner.profile import bind_checkpoint, load_profile
+from tuner.space import RandomParams, build_config, suggest
 from tuner.trial import TrialContext
 from tuner.vllm_validate import vllm_available
 

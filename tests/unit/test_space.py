@@ -10,15 +10,8 @@ import pytest
 
 from tuner import catalog
 from tuner.errors import CatalogError
-from tuner.space import (
-    DRAFT_TOKENS_PARAM,
-    SPECULATIVE_OPTION,
-    FixedParams,
-    HardwareProfile,
-    ServeConfig,
-    load_profile,
-    suggest,
-)
+from tuner.profile import DRAFT_TOKENS_PARAM, SPECULATIVE_OPTION, HardwareProfile, load_profile
+from tuner.space import FixedParams, ServeConfig, suggest
 
 HEAD = """\
 name: t

@@ -10,7 +10,8 @@ import pytest
 
 from tuner.checkpoints import load_checkpoint
 from tuner.engine import VllmEngine
-from tuner.space import RandomParams, bind_checkpoint, build_config, load_profile, suggest
+from tuner.profile import bind_checkpoint, load_profile
+from tuner.space import RandomParams, build_config, suggest
 
 GPU_PROFILES = ["h100x8", "h200x8", "gh200x4", "b200x8", "gb300x4", "rtxpro6000x8", "mi325x1"]
 CHECKPOINTS = ["0731", "preview", "w4a16-fp8-mtp", "nvfp4-fp8"]
