@@ -19,9 +19,8 @@ A request that fails (HTTP error, timeout, dropped connection, a stream that end
 ``data: [DONE]``, an error object inside the stream, no token at all) becomes a record with
 ``ok=False`` and its reason; it is never dropped and never raises out of :func:`run_load`.
 
-Transport: aiohttp when it is installed (measured ~5x more streamed events per second per process
-than httpx on the same stand-in; ``docs/loadgen.md``), httpx otherwise or when a ``transport`` is
-given (tests use ``httpx.MockTransport``). The client watches itself: event-loop lag and the
+Reading the stream and the transports (aiohttp when installed, httpx otherwise) live in
+:mod:`tuner.loadgen_stream`. The client watches itself: event-loop lag and the
 process's CPU share during the window go into :class:`ClientStats`, and ``saturated`` says when the
 client, not the server, may have been the limit. :mod:`tuner.loadgen_pool` spreads one window over
 several processes when one is not enough.
@@ -38,12 +37,21 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import httpx
 
-from tuner.agent_workload import AgentSession, AgentTurnReply, merge_tool_call_deltas, session_count
+from tuner.agent_workload import AgentSession, AgentTurnReply, session_count
 from tuner.errors import LoadError
+from tuner.loadgen_stream import (
+    Backend,
+    RequestFailed,
+    Stream,
+    Transport,
+    available_backend,
+    failure_text,
+    make_transport,
+)
 from tuner.workload import PromptSpec, Workload, arrival_gaps_s, make_warmup_prompts, prompt_at
 
 __all__ = ["Backend", "ClientStats", "LoadResult", "RequestRecord", "WindowPlan", "available_backend",
@@ -51,16 +59,10 @@ __all__ = ["Backend", "ClientStats", "LoadResult", "RequestRecord", "WindowPlan"
 
 logger = logging.getLogger(__name__)
 
-Backend = Literal["auto", "aiohttp", "httpx"]
-
 # How often a waiting run looks at ``should_stop``.
 _POLL_S = 0.1
-# Connecting and sending a prompt are quick even on a loaded server; waiting for tokens is not.
-_CONNECT_TIMEOUT_S = 30.0
-_WRITE_TIMEOUT_S = 30.0
 # Arrival times come from their own stream, so pacing does not change the prompts.
 _ARRIVAL_SEED_OFFSET = 7_919
-_ERROR_BODY_CHARS = 300
 # The client watches its own event loop: a tick every _LAG_TICK_S; late ticks are lag.
 _LAG_TICK_S = 0.05
 # Saturation: the client process was busy this share of the window, or its loop lagged this much
@@ -132,28 +134,7 @@ class WindowPlan:
     warmup: bool = False
 
 
-class _RequestFailed(Exception):
-    """The server answered, but not with a complete, usable stream."""
-
-
-@dataclass
-class _Stream:
-    """What one request has seen so far; survives a timeout or a cancellation."""
-
-    chat: bool = False
-    start_t: float = 0.0
-    chunk_t: list[float] = field(default_factory=list)  # arrival of each chunk with a choice
-    first_text_index: int | None = None
-    usage_prompt_tokens: int | None = None
-    usage_output_tokens: int | None = None
-    done: bool = False
-    keep_text: bool = False  # agent sessions need the answer for their next turn
-    content: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-
-def _record(stream: _Stream, prompt_tokens_sent: int, window_t0: float, error: str,
+def _record(stream: Stream, prompt_tokens_sent: int, window_t0: float, error: str,
             job: int, turn: int) -> RequestRecord:
     ended_t = time.perf_counter()
     ok = not error
@@ -171,163 +152,6 @@ def _record(stream: _Stream, prompt_tokens_sent: int, window_t0: float, error: s
     return RequestRecord(ok=ok, error=error, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                          start_s=stream.start_t - window_t0, ttft_s=ttft_s, itl_s=itl_s, e2e_s=e2e_s,
                          job=job, turn=turn)
-
-
-def _as_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _take_event(payload: str, stream: _Stream) -> None:
-    """Fold one ``data:`` payload (not ``[DONE]``) into the stream's state."""
-    try:
-        data = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise _RequestFailed(f"malformed SSE data: {payload[:120]!r}") from exc
-    if not isinstance(data, dict):
-        raise _RequestFailed(f"malformed SSE data: {payload[:120]!r}")
-    if data.get("error") is not None:
-        raise _RequestFailed(f"server error in stream: {data['error']}")
-    choices = data.get("choices")
-    if isinstance(choices, list) and choices:
-        now = time.perf_counter()
-        first_choice = choices[0] if isinstance(choices[0], dict) else {}
-        if stream.chat:
-            delta = first_choice.get("delta")
-            delta = delta if isinstance(delta, dict) else {}
-            text = delta.get("content")
-            reasoning = delta.get("reasoning_content", delta.get("reasoning"))
-            calls = delta.get("tool_calls")
-            has_token = bool(text) or bool(reasoning) or bool(calls)
-            if stream.keep_text:
-                if isinstance(text, str):
-                    stream.content.append(text)
-                if isinstance(reasoning, str):
-                    stream.reasoning.append(reasoning)
-                merge_tool_call_deltas(stream.tool_calls, calls)
-        else:
-            text = first_choice.get("text")
-            has_token = isinstance(text, str) and bool(text)
-        if stream.first_text_index is None and has_token:
-            stream.first_text_index = len(stream.chunk_t)
-        stream.chunk_t.append(now)
-    usage = data.get("usage")
-    if isinstance(usage, dict):
-        completion = _as_int(usage.get("completion_tokens"))
-        prompt = _as_int(usage.get("prompt_tokens"))
-        if completion is not None:
-            stream.usage_output_tokens = completion
-        if prompt is not None:
-            stream.usage_prompt_tokens = prompt
-
-
-def _take_line(line: str, stream: _Stream) -> None:
-    if not line.startswith("data:"):
-        return  # blank separators, ":" comments / pings, other SSE fields
-    payload = line[len("data:"):].strip()
-    if payload == "[DONE]":
-        # Read on to the end of the body (vLLM ends it right away) so the connection goes back
-        # to the pool instead of being closed half-read.
-        stream.done = True
-    elif payload and not stream.done:
-        _take_event(payload, stream)
-
-
-# --- transports -----------------------------------------------------------------------------------
-
-
-class _Transport(Protocol):
-    async def stream(self, url: str, body: bytes, headers: dict[str, str], stream: _Stream) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
-class _HttpxTransport:
-    def __init__(self, concurrency: int, timeout_s: float, transport: httpx.AsyncBaseTransport | None) -> None:
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=min(_CONNECT_TIMEOUT_S, timeout_s), read=timeout_s,
-                                  write=min(_WRITE_TIMEOUT_S, timeout_s), pool=timeout_s),
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
-            transport=transport,
-            trust_env=False,  # a proxy from the environment would sit inside every measured latency
-        )
-
-    async def stream(self, url: str, body: bytes, headers: dict[str, str], stream: _Stream) -> None:
-        async with self.client.stream("POST", url, content=body,
-                                      headers={**headers, "content-type": "application/json"}) as response:
-            if response.status_code != httpx.codes.OK:
-                detail = (await response.aread()).decode("utf-8", "replace").strip()
-                raise _RequestFailed(f"HTTP {response.status_code}: {detail[:_ERROR_BODY_CHARS]}")
-            async for line in response.aiter_lines():
-                _take_line(line, stream)
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
-
-class _AiohttpTransport:
-    def __init__(self, concurrency: int, timeout_s: float) -> None:
-        import aiohttp
-
-        self._aiohttp = aiohttp
-        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False,
-                                         enable_cleanup_closed=True)
-        self.session = aiohttp.ClientSession(
-            connector=connector, trust_env=False, read_bufsize=2**18,
-            timeout=aiohttp.ClientTimeout(total=None, connect=min(_CONNECT_TIMEOUT_S, timeout_s),
-                                          sock_read=timeout_s))
-
-    async def stream(self, url: str, body: bytes, headers: dict[str, str], stream: _Stream) -> None:
-        async with self.session.post(url, data=body,
-                                     headers={**headers, "content-type": "application/json"}) as response:
-            if response.status != 200:
-                detail = (await response.read()).decode("utf-8", "replace").strip()
-                raise _RequestFailed(f"HTTP {response.status}: {detail[:_ERROR_BODY_CHARS]}")
-            pending = b""
-            async for chunk in response.content.iter_any():
-                pending += chunk
-                if b"\n" not in chunk:
-                    continue
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    if raw:
-                        _take_line(raw.decode("utf-8", "replace"), stream)
-            if pending:
-                _take_line(pending.decode("utf-8", "replace"), stream)
-
-    async def aclose(self) -> None:
-        await self.session.close()
-
-
-def available_backend(requested: Backend = "auto") -> Literal["aiohttp", "httpx"]:
-    """The transport a run will use: ``auto`` is aiohttp when importable, else httpx."""
-    if requested != "auto":
-        return requested
-    try:
-        import aiohttp  # noqa: F401
-    except ImportError:
-        return "httpx"
-    return "aiohttp"
-
-
-def _transport(backend: Backend, concurrency: int, timeout_s: float,
-               transport: httpx.AsyncBaseTransport | None) -> tuple[_Transport, str]:
-    chosen = "httpx" if transport is not None else available_backend(backend)
-    if chosen == "aiohttp":
-        return _AiohttpTransport(concurrency, timeout_s), "aiohttp"
-    return _HttpxTransport(concurrency, timeout_s, transport), "httpx"
-
-
-def _failure_text(exc: BaseException, timeout_s: float) -> str:
-    if isinstance(exc, _RequestFailed):
-        return str(exc)
-    if isinstance(exc, asyncio.TimeoutError):
-        return f"timeout: no complete response within {timeout_s:g} s"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"timeout ({type(exc).__name__}): {exc}"
-    name = type(exc).__name__
-    if "Timeout" in name:
-        return f"timeout ({name}): {exc}"
-    return f"{name}: {exc}"
 
 
 # --- self-watch -----------------------------------------------------------------------------------
@@ -391,7 +215,7 @@ def combine_client_stats(raws: Sequence[dict[str, Any]], backend: str) -> Client
 class _Window:
     """One batch of jobs sent under a concurrency cap, optionally paced."""
 
-    transport: _Transport
+    transport: Transport
     base_url: str
     model: str
     workload: Workload
@@ -419,8 +243,8 @@ class _Window:
             self.on_record(record)
 
     async def _request(self, url: str, body: dict[str, Any], prompt_tokens: int, job: int, turn: int,
-                       chat: bool) -> _Stream | None:
-        stream = _Stream(chat=chat, keep_text=chat)
+                       chat: bool) -> Stream | None:
+        stream = Stream(chat=chat, keep_text=chat)
         payload = json.dumps(body, separators=(",", ":")).encode()
         stream.start_t = time.perf_counter()
         error = ""
@@ -433,9 +257,9 @@ class _Window:
                                "stopped: the run was asked to stop mid-request", job, turn))
             raise
         except Exception as exc:  # a load run records every failure, whatever raised it
-            if not isinstance(exc, (_RequestFailed, asyncio.TimeoutError, httpx.HTTPError)):
+            if not isinstance(exc, (RequestFailed, asyncio.TimeoutError, httpx.HTTPError)):
                 logger.debug("error in a request to %s", url, exc_info=True)
-            error = _failure_text(exc, self.timeout_s)
+            error = failure_text(exc, self.timeout_s)
         self.watch.events += len(stream.chunk_t)
         record = _record(stream, prompt_tokens, self.window_t0, error, job, turn)
         self._keep(record)
@@ -563,7 +387,7 @@ async def run_window(base_url: str, model: str, workload: Workload, plan: Window
         raise LoadError(f"request_timeout_s must be positive, got {request_timeout_s}")
     if workload.kind != "agent":
         prompt_at(workload, vocab_size, 0)  # fail early on an unusable vocabulary
-    chosen, backend_name = _transport(backend, plan.concurrency, request_timeout_s, transport)
+    chosen, backend_name = make_transport(backend, plan.concurrency, request_timeout_s, transport)
     arrivals = random.Random(workload.seed + _ARRIVAL_SEED_OFFSET + plan.first_job)
     window = _Window(transport=chosen, base_url=base_url.rstrip("/"), model=model, workload=workload,
                      vocab_size=vocab_size, headers=_headers(api_key), timeout_s=request_timeout_s,
