@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 
-from tuner.agent_workload import merge_tool_call_deltas
 from tuner.guard_api import GuardTarget
+from tuner.loadgen_stream import RequestFailed, Stream, take_line
 
 __all__ = ["GuardClient", "ProbeFailure", "first_message", "message_reasoning"]
 
@@ -71,14 +71,13 @@ class GuardClient:
     def chat_stream(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """One streamed chat completion, folded into the message a non-streamed call returns.
 
-        Content and reasoning deltas are joined and ``delta.tool_calls`` pieces merged by index, so a
-        guard checks the streamed answer with the same code as the non-streamed one. vLLM parses tool
-        calls and reasoning in streams with separate code (the parsers' ``*_streaming`` methods).
+        The stream is read by the load generator's own reader (:func:`tuner.loadgen_stream.take_line`):
+        content and reasoning deltas joined, ``delta.tool_calls`` pieces merged by index, so a guard
+        checks the streamed answer with the same code as the non-streamed one. vLLM parses tool calls
+        and reasoning in streams with separate code (the parsers' ``*_streaming`` methods).
         """
         path = "/v1/chat/completions"
-        content: list[str] = []
-        reasoning: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
+        stream = Stream(chat=True, keep_text=True)
         body = {"model": self.target.model, **payload, "stream": True}
         try:
             with self._client.stream("POST", path, json=body) as resp:
@@ -86,18 +85,15 @@ class GuardClient:
                     resp.read()
                     raise ProbeFailure(f"POST {path} (stream) → HTTP {resp.status_code}: {_server_message(resp)}")
                 for line in resp.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[len("data:"):].strip()
-                    if data == "[DONE]":
-                        break
-                    _fold_delta(_stream_event(path, data), content, reasoning, calls)
+                    take_line(line, stream)
+        except RequestFailed as exc:
+            raise ProbeFailure(f"POST {path} (stream): {exc}") from exc
         except httpx.HTTPError as exc:
             raise ProbeFailure(f"POST {path} (stream) failed: {type(exc).__name__}: {exc}") from exc
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None,
-                                   "tool_calls": [calls[k] for k in sorted(calls)]}
-        if reasoning:
-            message["reasoning"] = "".join(reasoning)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(stream.content) or None,
+                                   "tool_calls": [stream.tool_calls[k] for k in sorted(stream.tool_calls)]}
+        if stream.reasoning:
+            message["reasoning"] = "".join(stream.reasoning)
         return message
 
     def completion(self, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,32 +123,6 @@ def _server_message(resp: httpx.Response) -> str:
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])[:_BODY_SNIPPET_CHARS]
     return json.dumps(body)[:_BODY_SNIPPET_CHARS]
-
-
-def _stream_event(path: str, data: str) -> dict[str, Any]:
-    try:
-        event = json.loads(data)
-    except ValueError as exc:
-        raise ProbeFailure(f"POST {path} (stream) sent an event that is not JSON: {data[:120]!r}") from exc
-    if not isinstance(event, dict):
-        raise ProbeFailure(f"POST {path} (stream) sent a JSON {type(event).__name__}, expected an object")
-    if event.get("error") is not None:
-        raise ProbeFailure(f"POST {path} (stream) → error in the stream: {str(event['error'])[:_BODY_SNIPPET_CHARS]}")
-    return event
-
-
-def _fold_delta(event: Mapping[str, Any], content: list[str], reasoning: list[str],
-                calls: dict[int, dict[str, Any]]) -> None:
-    choices = event.get("choices") or []
-    delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
-    if not isinstance(delta, dict):
-        return
-    if isinstance(delta.get("content"), str):
-        content.append(delta["content"])
-    thought = delta.get("reasoning_content", delta.get("reasoning"))
-    if isinstance(thought, str):
-        reasoning.append(thought)
-    merge_tool_call_deltas(calls, delta.get("tool_calls"))
 
 
 def message_reasoning(message: Mapping[str, Any]) -> str | None:

@@ -292,7 +292,6 @@ def _make_searcher(study: Study, storage: optuna.storages.BaseStorage, on_mismat
                      f"{outcome.value:.1f} {study.objective.metric}" if outcome.ok
                      else f"failed: {outcome.failure_class}")
             config = build_config(profile, dict(ot_trial.params))
-            prelaunch.observe(config.args, outcome.kv_cache_tokens, ot_trial.number)
             if config.is_speculative:
                 study._enqueue_control(ostudy, config, study._launched_keys(ostudy))
 
