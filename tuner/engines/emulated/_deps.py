@@ -1,0 +1,54 @@
+"""The few names the emulator takes from the rest of dsv4-tune, imported in one place.
+
+The memory model (weights, activations, graphs, KV bytes per token) is the feasibility model's;
+the node is a hardware profile; the weights are a checkpoint of the catalog. Nothing else of the
+tuner is imported by the emulator, so when those modules move only this file changes.
+"""
+
+from __future__ import annotations
+
+try:  # the layout after the restructuring of issue #13
+    from tuner.search.checkpoints import Checkpoint, load_catalog, load_checkpoint
+    from tuner.search.feasibility import (
+        DEFAULT_BATCHED_TOKENS,
+        DEFAULT_MAX_NUM_SEQS,
+        GB,
+        GIB,
+        N_LAYERS,
+        VOCAB_SIZE,
+        RankMemory,
+        kv_bytes_per_token,
+        rank_memory,
+    )
+    from tuner.search.profile import HardwareProfile, load_profile
+except ImportError:  # pragma: no cover - the flat layout before it
+    from tuner.checkpoints import Checkpoint, load_catalog, load_checkpoint  # type: ignore[no-redef]
+    from tuner.feasibility import (  # type: ignore[no-redef]
+        DEFAULT_BATCHED_TOKENS,
+        DEFAULT_MAX_NUM_SEQS,
+        GB,
+        GIB,
+        N_LAYERS,
+        VOCAB_SIZE,
+        RankMemory,
+        kv_bytes_per_token,
+        rank_memory,
+    )
+    from tuner.profile import HardwareProfile, load_profile  # type: ignore[no-redef]
+
+__all__ = [
+    "DEFAULT_BATCHED_TOKENS",
+    "DEFAULT_MAX_NUM_SEQS",
+    "GB",
+    "GIB",
+    "N_LAYERS",
+    "VOCAB_SIZE",
+    "Checkpoint",
+    "HardwareProfile",
+    "RankMemory",
+    "kv_bytes_per_token",
+    "load_catalog",
+    "load_checkpoint",
+    "load_profile",
+    "rank_memory",
+]
