@@ -4,7 +4,7 @@
     PYTHONPATH=/path/with/scipy .venv/bin/python benchmarks/bench_samplers.py --samplers gp --seeds 10
 
 The surface is ``benchmarks/surface.py`` (a synthetic 4-GPU DSV4-shaped space, drawn through the
-study's own ``tuner.space.suggest``, with launch failures and an ITL SLO that binds at the optimum).
+study's own ``tuner.search.space.suggest``, with launch failures and an ITL SLO that binds at the optimum).
 Every sampler is driven the way ``tuner.study.Study`` drives it: baseline first, duplicates not
 launched, failed launches told COMPLETE with violated constraints. Rows are cached in a JSONL file
 (``--cache``), so a long run can be resumed and slow samplers (GP) added later; the markdown table is
@@ -38,8 +38,8 @@ import surface  # noqa: E402
 
 
 def make_sampler(seed: int, n_startup_trials: int = 4) -> optuna.samplers.BaseSampler:
-    """The study's sampler (imported late: ``tuner.study`` pulls in the whole tuner)."""
-    from tuner.study import make_sampler as study_sampler
+    """The study's sampler (imported late: ``tuner.backends`` pulls in the whole tuner)."""
+    from tuner.backends.storage import make_sampler as study_sampler
 
     return study_sampler(seed, n_startup_trials=n_startup_trials)
 

@@ -10,7 +10,7 @@ wall-clock budget, measured from the moment it holds ``/tmp/vllm-server.lock``:
   (the study's own sampler: constrained multivariate TPE, the profile's baseline first; the
   confirmation phase off by default, like the sweep's single run per point:
   ``--tuner-confirm-top-k`` turns it on).
-- ``random``: the same study with ``tuner.study.make_sampler`` replaced by Optuna's RandomSampler
+- ``random``: the same study with ``tuner.study.study.make_sampler`` replaced by Optuna's RandomSampler
   (patched inside this script's child process; ``study.py`` is untouched).
 - ``sweep``: ``vllm bench sweep serve`` over a Cartesian grid of max-num-seqs ×
   max-num-batched-tokens (the levers vLLM's auto_tune.sh sweeps), other flags at vLLM's defaults,
@@ -134,12 +134,12 @@ def _descendant_groups(root: int) -> set[int]:
 def _study_result(runs_dir: Path, name: str) -> dict[str, Any]:
     import optuna
 
-    from tuner.study import best_feasible_trial, launched_keys_numbers
+    from tuner.study import best_feasible_trial, launched_numbers
 
     storage = f"sqlite:///{runs_dir / name / 'study.db'}"
     study = optuna.load_study(study_name=name, storage=storage)
     best = best_feasible_trial(study)
-    launched = launched_keys_numbers(study)
+    launched = launched_numbers(study)
     trials = []
     for t in study.get_trials(deepcopy=False):
         if "duplicate_of" in t.user_attrs:
@@ -175,15 +175,15 @@ def _study_child(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     import optuna
 
-    import tuner.study
-    from tuner import cli
+    import tuner.study.study
+    from tuner.cli import main
 
     if sampler == "random":
-        def random_sampler(seed: int, n_startup_trials: int = 4) -> optuna.samplers.BaseSampler:
+        def random_sampler(seed: int, n_startup_trials: int = 4, kind: str = "tpe") -> optuna.samplers.BaseSampler:
             return optuna.samplers.RandomSampler(seed=seed)
 
-        tuner.study.make_sampler = random_sampler  # type: ignore[assignment]
-    return cli.main(cli_args)
+        tuner.study.study.make_sampler = random_sampler  # type: ignore[assignment]
+    return main(cli_args)
 
 
 # -- vllm bench sweep serve -------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def sweep_commands(args: argparse.Namespace, model: Path, port: int) -> tuple[li
 
 
 def run_sweep(args: argparse.Namespace, model: Path) -> dict[str, Any]:
-    from tuner.launcher import choose_port
+    from tuner.engines.process import choose_port
 
     port = choose_port("127.0.0.1", None)
     serve, bench, env = sweep_commands(args, model, port)

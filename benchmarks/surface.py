@@ -1,7 +1,7 @@
 """A cheap response surface with a known optimum, for measuring samplers without launching vLLM.
 
 The space is a realistic 4-GPU hardware profile (:data:`PROFILE`), drawn through the study's own
-``tuner.space.suggest`` (define-by-run, conditional levers): a topology categorical (TP4, TP2×DP2,
+``tuner.search.space.suggest`` (define-by-run, conditional levers): a topology categorical (TP4, TP2×DP2,
 with or without EP, DP4+EP, DP4), the cpu profile's scheduler levers, a GPU-memory share, a CUDA-graph
 mode, an all-to-all backend that exists only under expert parallelism, and 0–3 draft tokens
 (272 160 configurations). :data:`SMALL_PROFILE` searches only the cpu profile's levers, with topology,
@@ -18,7 +18,7 @@ all-to-all and CUDA graphs fixed at their best values (10 080 configurations).
   corner (gpu-memory-utilization 0.95, 512 sequences, 16k batched tokens, bf16 KV);
 - multiplicative log-normal noise (3 % by default) on every measured figure.
 
-:func:`run_search` drives a sampler exactly as ``tuner.study.Study._loop`` does: baselines enqueued
+:func:`run_search` drives a sampler exactly as ``tuner.study.local.LocalLoop`` does: baselines enqueued
 first, a configuration already launched is told again with its first result and does not count as a
 launch, a failed launch is told COMPLETE with every constraint at +1 (value 0), or, to check that
 this matters, as FAIL. It returns the *true* (noise-free) value of every launch, so "trials to reach
@@ -39,8 +39,8 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
-from tuner.profile import HardwareProfile
-from tuner.space import ServeConfig, build_config, suggest
+from tuner.search.profile import HardwareProfile
+from tuner.search.space import ServeConfig, build_config, suggest
 
 Params = Mapping[str, Any]
 

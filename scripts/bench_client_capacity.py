@@ -4,8 +4,8 @@
 Starts the STAND-IN server (``tests/standins/stream_server.py``: no model, it only streams one SSE
 event per token as fast as it can) and drives it with:
 
-- ``ours-aiohttp`` / ``ours-httpx``: :func:`tuner.loadgen.run_window` in this process, each transport;
-- ``ours-pool<N>``: :class:`tuner.loadgen_pool.ClientPool` with N processes;
+- ``ours-aiohttp`` / ``ours-httpx``: :func:`tuner.load.generator.run_window` in this process, each transport;
+- ``ours-pool<N>``: :class:`tuner.load.pool.ClientPool` with N processes;
 - ``vllm-bench``: ``vllm bench serve --backend vllm`` (its aiohttp client) on the same workload.
 
 Each run sends ``4 × concurrency`` requests of ``--output-len`` tokens; events/s = streamed token
@@ -34,10 +34,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tuner.loadgen import WindowPlan, run_window  # noqa: E402
-from tuner.loadgen_pool import ClientPool  # noqa: E402
-from tuner.metrics import summarize  # noqa: E402
-from tuner.workload import Workload  # noqa: E402
+from tuner.load.generator import WindowPlan, run_window  # noqa: E402
+from tuner.load.metrics import summarize  # noqa: E402
+from tuner.load.pool import ClientPool  # noqa: E402
+from tuner.load.workload import Workload  # noqa: E402
 
 INPUT_LEN = 16
 

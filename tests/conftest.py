@@ -14,7 +14,7 @@ import pytest
 from hypothesis import settings
 
 if TYPE_CHECKING:
-    from tuner.space import ServeConfig
+    from tuner.search.space import ServeConfig
     from tuner.study import StudyRecord
     from tuner.trial import TrialContext, TrialOutcome
 
@@ -39,8 +39,8 @@ def vllm_cli() -> str | None:
 def synthetic_record(tmp_path: Path, *, name: str, trials: int | None, hw: str = "cpu",
                      budget_s: float | None = None, top_k: int = 0, seed: int = 1) -> StudyRecord:
     """A study record for synthetic trials: a stand-in model folder (only a vocabulary), no prevalidation."""
-    from tuner.confirm import ConfirmSpec
     from tuner.study import new_record
+    from tuner.study.confirm import ConfirmSpec
 
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)

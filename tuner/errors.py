@@ -6,6 +6,8 @@ Only the CLI turns these into exit codes and coloured text.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from pathlib import Path
 
 
@@ -68,5 +70,44 @@ class NoFeasibleTrialError(StudyError):
     """Export was asked for, but no trial passed its gates and SLOs."""
 
 
+class NodeMismatchError(StudyError):
+    """This node differs from the study's reference node; its results would not be comparable."""
+
+
 class LoadError(TunerError):
     """The load generator was given inputs it cannot use (a failed request is a record, not this)."""
+
+
+class DiskFullError(TunerError):
+    """A result could not be written: the filesystem is full (or over quota). Nothing was half-written."""
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        self.path = path
+        free = _free_bytes(path)
+        where = f"{free / 1e6:.1f} MB free" if free is not None else "free space unknown"
+        super().__init__(
+            f"disk full: {cause.strerror or cause} while writing {path} ({where}). Files already written "
+            "and the study database are intact; the file being written was not half-written. Fix: free "
+            "space on that filesystem (or use a --runs-dir on a larger one), then `dsv4-tune resume` the study")
+
+
+def _free_bytes(path: Path) -> int | None:
+    for candidate in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            if candidate.exists():
+                return shutil.disk_usage(candidate).free
+    return None
+
+
+class ProfileRuleError(ValueError):
+    """A cross-field rule a hardware profile breaks; ``load_profile`` turns it into a CatalogError at ``key``.
+
+    A ``ValueError``, not a :class:`TunerError`: it is raised inside pydantic validators, which report
+    only ValueError and AssertionError, and never leaves :func:`tuner.search.load_profile`.
+    """
+
+    def __init__(self, key: str, problem: str, fix: str) -> None:
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{key}: {problem}. Fix: {fix}")

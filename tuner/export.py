@@ -10,6 +10,8 @@ A trial that failed a gate, crashed or missed an SLO is never exported.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -23,15 +25,30 @@ import optuna
 import yaml
 
 from tuner import store
-from tuner.confirm import Confirmation
-from tuner.engine import VllmEngine
+from tuner.backends.node import runtime_identity
 from tuner.errors import NoFeasibleTrialError, StudyError
-from tuner.identity import model_identity, runtime_identity
-from tuner.study import Study, resolve_model
+from tuner.objective import constraint_names
+from tuner.study import Confirmation, Study, resolve_model
 
 EXPORT_PORT = 8000
 EVIDENCE_FILES = ("config.json", "command.json", "outcome.json", "load.json", "server_metrics.json",
                   "guards.json")
+
+
+def model_identity(model: str) -> dict[str, Any]:
+    """A local model folder is named by a hash of its config and weights index; a hub id by itself."""
+    path = Path(model)
+    if not path.exists():
+        return {"id": model, "source": "hub", "revision": None}
+    digest = hashlib.sha256()
+    for name in ("config.json", "tokenizer_config.json", "model.safetensors.index.json"):
+        with contextlib.suppress(OSError):
+            digest.update((path / name).read_bytes())
+    config: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        config = json.loads((path / "config.json").read_text())
+    return {"id": path.name, "source": "local", "config_sha256": digest.hexdigest()[:16],
+            "architectures": config.get("architectures"), "model_type": config.get("model_type")}
 
 
 def _failure_counts(study: optuna.Study) -> dict[str, int]:
@@ -85,8 +102,8 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
     command = store.read_json(tdir / "command.json")
     ctx_model = resolve_model(study_obj.record.model, study_obj.runs_dir)
     served = Path(ctx_model).name if Path(ctx_model).exists() else ctx_model
-    options = VllmEngine().serve_options(ctx_model, config["args"], host=study_obj.profile.server.host,
-                                         port=EXPORT_PORT, served_model_name=served)
+    options = study_obj.engine.serve_options(ctx_model, config["args"], host=study_obj.profile.server.host,
+                                             port=EXPORT_PORT, served_model_name=served)
     final_dir = out_dir or study_obj.path / "best"
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     # Write into a staging folder and swap it in at the end: an interrupt (SIGINT/SIGTERM) or a full
@@ -99,7 +116,7 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
                     f"SLOs {study_obj.objective.slos}")
         header = f"# dsv4-tune export: study {study_obj.record.name}, trial {winner.trial}\n# {headline}\n"
         store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
-        env = {k: v for k, v in command.get("env", {}).items() if k != "VLLM_API_KEY"}
+        env = {k: v for k, v in command.get("env", {}).items() if k != study_obj.engine.api_key_env}
         store.write_text(best_dir / "serve.sh",
                          serve_script(study_obj.record.name, winner.trial, headline, env, study_obj.record.vllm_cmd),
                          mode=0o755)
@@ -176,15 +193,10 @@ def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, o
         "measured": {k: outcome.get("summary", {}).get(k) for k in (
             "output_throughput", "request_throughput", "p50_ttft_ms", "p95_ttft_ms", "p95_itl_ms",
             "p95_tpot_ms", "completed", "failed")},
-        "constraints": dict(zip(study_obj_constraint_names(study_obj), outcome.get("constraints", []),
+        "constraints": dict(zip(constraint_names(study_obj.objective), outcome.get("constraints", []),
                                 strict=False)),
         "guards": study_obj.guard_names(),
         "search": {"trials": len(study.trials), "sampler": type(study.sampler).__name__,
                    "seed": study_obj.record.seed},
     }
 
-
-def study_obj_constraint_names(study_obj: Study) -> list[str]:
-    from tuner.objective import constraint_names
-
-    return constraint_names(study_obj.objective)

@@ -1,8 +1,26 @@
 """Objectives: what to maximize or minimize, under which SLOs, on which workload.
 
+This module holds the whole YAML shape of an objective (``objectives/<name>.yaml``): the
+:class:`Objective` itself, its :class:`Workload` (and the agent block, :class:`AgentSpec`), and its
+concurrency :class:`LadderSpec`. :mod:`tuner.load` turns that shape into requests and windows; the
+shape lives here, below it, so that every layer can read an objective without the load generator.
+
 An SLO is a limit on one key of the load summary (the ``vllm bench serve`` result keys), so its
 unit is in its name: ``p95_ttft_ms: 2000``. Margins follow Optuna's sign: a margin ≤ 0 passes.
 Margins are relative (``(value - limit) / limit``) so constraints on different scales compare.
+
+A workload (inside an objective, or its own file) has three kinds:
+
+- ``random``: token-id prompts over ``/v1/completions``. Sending ids rather than text makes every
+  input length exact, whatever the tokenizer does, the way ``vllm bench serve --dataset-name random``
+  does.
+- ``shared_prefix``: the same, but every prompt starts with one of ``num_prefixes`` fixed prefixes
+  of ``prefix_len`` tokens (prompt ``i`` uses prefix ``i % num_prefixes``), to exercise prefix caching.
+  ``input_len`` is the length of the part after the prefix.
+- ``agent``: multi-turn coding-agent sessions over ``/v1/chat/completions``, with tool definitions
+  and reasoning on; see :mod:`tuner.load.agent` and the ``agent`` block.
+
+How lengths are drawn and arrivals paced is described in :mod:`tuner.load.workload`.
 """
 
 from __future__ import annotations
@@ -16,8 +34,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner import catalog
-from tuner.ladder_spec import LadderSpec
-from tuner.workload import Workload
+
+__all__ = ["AgentSpec", "LadderSpec", "Objective", "Score", "Workload", "constraint_names", "failed_score",
+           "load_objective", "score"]
 
 _LATENCY_KEY = re.compile(r"^(mean|median|p\d{1,2}(\.\d+)?)_(ttft|tpot|itl|e2el|queue)_ms$")
 _RATE_KEYS = {"output_throughput", "total_token_throughput", "request_throughput"}
@@ -25,6 +44,116 @@ METRIC_KEYS = _RATE_KEYS | {"request_goodput"}
 _GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 
 
+# -- the workload ----------------------------------------------------------------------------------
+class AgentSpec(BaseModel, extra="forbid", frozen=True):
+    """One coding-agent session: a shared system prompt with tools, a task, then tool round trips.
+
+    Lengths are in words of generated text (about one token each with a BPE tokenizer; the server's
+    ``usage`` is what the results report). Turn ``t`` (from 0) sends roughly
+    ``system_len + tools * tool_schema_len + context_len + t * (output_len + tool_result_len)``.
+    """
+
+    turns: int = Field(default=4, gt=0, description="requests per session, each after the previous answer")
+    system_len: int = Field(default=2048, ge=0, description="system prompt, shared by every session")
+    tools: int = Field(default=8, ge=0, description="tool definitions sent with every request")
+    tool_schema_len: int = Field(default=64, ge=0, description="words of description per tool")
+    context_len: int = Field(default=24576, gt=0, description="first user message: task + repository context")
+    tool_result_len: int = Field(default=1024, ge=0, description="tool output appended after each turn")
+    reasoning: bool = Field(default=True, description="ask for thinking (chat_template_kwargs.thinking)")
+    reasoning_effort: Literal["low", "medium", "high", "max"] | None = "high"
+    tool_choice: Literal["auto", "none", "omit"] = Field(
+        default="auto", description="'auto' needs --enable-auto-tool-choice on the server; 'omit' sends no tools")
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
+class Workload(BaseModel, extra="forbid", frozen=True):
+    """Prompt/output lengths and how hard to push: the load of one measured window."""
+
+    kind: Literal["random", "shared_prefix", "agent"] = "random"
+    input_len: int = Field(default=128, gt=0, description="prompt length, tokens (mean)")
+    output_len: int = Field(default=64, gt=0, description="max_tokens per request (mean)")
+    range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0,
+                               description="uniform: lengths in [len*(1-r), len*(1+r)]; normal: std = r*len")
+    length_distribution: Literal["uniform", "normal"] = "uniform"
+    prefix_len: int = Field(default=0, ge=0, description="shared_prefix: tokens of shared prefix")
+    num_prefixes: int = Field(default=1, gt=0, description="shared_prefix: distinct prefixes")
+    num_prompts: int = Field(default=32, gt=0, description="requests in the measured window")
+    concurrency: int = Field(default=8, gt=0, description="most requests (agent: sessions) in flight at once")
+    request_rate: float | None = Field(default=None, gt=0.0,
+                                       description="arrivals per second; None = no pacing")
+    burstiness: float = Field(default=1.0, gt=0.0, description="gamma shape of the gaps; 1 = Poisson")
+    burst_size: int = Field(default=1, gt=0, description="requests sent together at each arrival")
+    warmup_prompts: int = Field(default=2, ge=0, description="sent first, not measured")
+    seed: int = 0
+    ignore_eos: bool = True
+    agent: AgentSpec | None = None
+
+    @model_validator(mode="after")
+    def _kind_matches_fields(self) -> Workload:
+        if self.kind == "shared_prefix" and self.prefix_len == 0:
+            raise ValueError("kind shared_prefix needs prefix_len > 0")
+        if self.kind != "shared_prefix" and self.prefix_len:
+            raise ValueError(f"prefix_len is only used by kind shared_prefix (kind is {self.kind})")
+        if self.kind != "agent" and self.agent is not None:
+            raise ValueError(f"an agent block is only used by kind agent (kind is {self.kind})")
+        return self
+
+    @property
+    def agent_spec(self) -> AgentSpec:
+        """The agent block, or the default one (kind agent without a block)."""
+        return self.agent or AgentSpec()
+
+    def scaled(self, length_factor: float) -> Workload:
+        """The same workload with every length multiplied by ``length_factor`` (at least 1 token).
+
+        For running a GPU-sized shape (e.g. the dossier's 32K prompts) on a small demo model.
+        """
+        def s(n: int) -> int:
+            return max(1, round(n * length_factor)) if n else 0
+
+        update: dict[str, object] = {"input_len": s(self.input_len), "output_len": s(self.output_len),
+                                     "prefix_len": s(self.prefix_len)}
+        if self.agent is not None:
+            a = self.agent
+            update["agent"] = a.model_copy(update={
+                "system_len": s(a.system_len), "tool_schema_len": s(a.tool_schema_len),
+                "context_len": s(a.context_len), "tool_result_len": s(a.tool_result_len)})
+        return self.model_copy(update=update)
+
+
+# -- the concurrency ladder --------------------------------------------------------------------------
+class LadderSpec(BaseModel, extra="forbid", frozen=True):
+    """How to step concurrency inside one launch (``ladder:`` in an objective)."""
+
+    start: int = Field(default=1, gt=0, description="first step's concurrency")
+    factor: float = Field(default=2.0, gt=1.0, description="each step multiplies concurrency by this")
+    max: int = Field(default=256, gt=0, description="highest concurrency tried")
+    steps: tuple[int, ...] | None = Field(default=None,
+                                          description="explicit concurrencies; overrides start/factor/max")
+    prompts_per_concurrency: float = Field(
+        default=4.0, gt=0.0, description="each step sends at least concurrency × this requests (and num_prompts)")
+    min_gain: float = Field(default=0.05, ge=0.0, description="a step must beat the best by this fraction")
+    patience: int = Field(default=1, gt=0, description="steps without gain before the ladder stops")
+    early_stop: bool = Field(default=True, description="cut a step once its SLO is clearly lost")
+    stop_on_client_saturation: bool = True
+    gauge_interval_s: float = Field(default=0.5, gt=0.0, description="how often gauges are scraped in a window")
+    client_processes: int | Literal["auto"] = Field(
+        default=1, description="load-generator processes; 'auto' adds one per ~streams_per_process streams")
+    streams_per_process: int = Field(default=512, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LadderSpec:
+        if self.steps is not None and (not self.steps or any(s <= 0 for s in self.steps)):
+            raise ValueError("steps must be a non-empty list of positive concurrencies")
+        if self.steps is None and self.start > self.max:
+            raise ValueError(f"start ({self.start}) is above max ({self.max})")
+        if isinstance(self.client_processes, int) and self.client_processes <= 0:
+            raise ValueError("client_processes must be positive or 'auto'")
+        return self
+
+
+# -- the objective ----------------------------------------------------------------------------------
 class Objective(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

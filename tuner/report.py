@@ -21,7 +21,6 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import store
-from tuner.engine import options_to_argv
 from tuner.study import Study
 
 log = logging.getLogger(__name__)
@@ -164,7 +163,7 @@ def _flags(study_obj: Study, trial: FrozenTrial) -> str:
         return ""
     args = store.read_json(path).get("args", {})
     fixed = set(study_obj.profile.server.fixed)
-    return " ".join(options_to_argv({k: v for k, v in args.items() if k not in fixed}))
+    return " ".join(study_obj.engine.flags({k: v for k, v in args.items() if k not in fixed}))
 
 
 def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path]) -> str:

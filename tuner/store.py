@@ -2,7 +2,8 @@
 
     runs/<study>/study.json        what was asked (resume reads it)
     runs/<study>/study.db          Optuna storage (SQLite)
-    runs/<study>/profile.yaml      the hardware profile as it was when the study began
+    runs/<study>/hardware_profile.yaml   the hardware profile as it was when the study began
+                                   (older studies call it ``profile.yaml``; still read)
     runs/<study>/objective.yaml    the objective as it was when the study began
     runs/<study>/trials/<n>/       config.json, command.json, server.log, load.json,
                                    server_metrics.json, outcome.json
@@ -16,13 +17,12 @@ import errno
 import json
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import TunerError
+from tuner.errors import DiskFullError
 
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE)", re.I)
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -30,26 +30,11 @@ STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
-
-class DiskFullError(TunerError):
-    """A result could not be written: the filesystem is full (or over quota). Nothing was half-written."""
-
-    def __init__(self, path: Path, cause: OSError) -> None:
-        self.path = path
-        free = _free_bytes(path)
-        where = f"{free / 1e6:.1f} MB free" if free is not None else "free space unknown"
-        super().__init__(
-            f"disk full: {cause.strerror or cause} while writing {path} ({where}). Files already written "
-            "and the study database are intact; the file being written was not half-written. Fix: free "
-            "space on that filesystem (or use a --runs-dir on a larger one), then `dsv4-tune resume` the study")
-
-
-def _free_bytes(path: Path) -> int | None:
-    for candidate in (path, *path.parents):
-        with contextlib.suppress(OSError):
-            if candidate.exists():
-                return shutil.disk_usage(candidate).free
-    return None
+PROFILE_SNAPSHOT = "hardware_profile.yaml"
+"""The study's copy of its hardware profile (not ``profile.yaml``: that is the exported launch file)."""
+OLD_PROFILE_SNAPSHOT = "profile.yaml"
+"""Where studies made before the rename keep that copy; read on resume, never written."""
+OBJECTIVE_SNAPSHOT = "objective.yaml"
 
 
 @contextlib.contextmanager
@@ -110,3 +95,10 @@ def study_dir(runs_dir: Path, name: str) -> Path:
 
 def trial_dir(study_path: Path, number: int) -> Path:
     return study_path / "trials" / f"{number:04d}"
+
+
+def profile_snapshot(study_path: Path) -> Path:
+    """The study's hardware-profile snapshot: the new name, or the old one in a study made before it."""
+    new = study_path / PROFILE_SNAPSHOT
+    old = study_path / OLD_PROFILE_SNAPSHOT
+    return old if not new.exists() and old.exists() else new

@@ -1,16 +1,19 @@
 """One trial: launch → readiness → (guards) → load → score → stop.
 
-``run_trial`` is the plain function the study wraps in Optuna's ask/tell. It never raises for a
-failure of the server: every outcome, good or bad, comes back as a :class:`TrialOutcome` and is
-written to the trial's folder. Only an interrupt of the tuner itself propagates (after the server
-has been stopped).
+``run_trial`` is the plain function the study's trial step (:mod:`tuner.study.step`) wraps in
+Optuna's ask/tell; it never imports Optuna. It never raises for a failure of the server: every
+outcome, good or bad, comes back as a :class:`TrialOutcome` and is written to the trial's folder.
+Only an interrupt of the tuner itself propagates (after the server has been stopped).
+
+The server is whatever engine the context names (:class:`~tuner.engines.Engine`, vLLM by default):
+the trial asks it for the argv, the readiness and metrics paths, what its log says, and what its
+``/metrics`` page means; it starts the server only through the process helper.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -19,18 +22,18 @@ from typing import Any
 
 import httpx
 
-from tuner import metrics, store
-from tuner.affinity import CpuSplit, local_ranks, pinned
-from tuner.engine import VllmEngine, redact_argv
+from tuner import store
+from tuner.engines import Engine, LaunchSpec, ServerProcess, choose_port, default_engine, tail
 from tuner.errors import LaunchError, PortInUseError
 from tuner.failures import FailureClass
-from tuner.feasibility import kv_tokens_from_log
-from tuner.goodput import request_goodput
-from tuner.guard_api import GuardSuite, GuardTarget, NoGuards
-from tuner.ladder import Measurement, measure
-from tuner.launcher import LaunchSpec, ServerProcess, choose_port, tail
+from tuner.guards.api import GuardSuite, GuardTarget, NoGuards
+from tuner.load.affinity import CpuSplit, pinned
+from tuner.load.goodput import request_goodput
+from tuner.load.ladder import Measurement, measure
+from tuner.load.metrics import parse_prometheus
+from tuner.load.poller import Poller
 from tuner.objective import Objective, Score, failed_score, score
-from tuner.space import ServeConfig
+from tuner.search.space import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ class TrialContext:
     ready_timeout_s: float = 600.0
     vocab_size: int = 32000
     served_model_name: str = "model"
-    engine: VllmEngine = field(default_factory=VllmEngine)
+    engine: Engine = field(default_factory=default_engine)
     guards: GuardSuite = field(default_factory=NoGuards)
     health_poll_s: float = 2.0
     cpu_split: CpuSplit | None = None
@@ -86,52 +89,46 @@ class TrialOutcome:
         return data
 
 
-class _HealthWatch:
-    """Polls /health during the load; trips after 3 misses in a row, or when the process exits."""
+class _HealthWatch(Poller):
+    """Polls the engine's health path during the load; trips after 3 misses in a row, or when the process exits."""
 
     def __init__(self, server: ServerProcess, poll_s: float) -> None:
+        super().__init__("health-watch", poll_s, join_timeout_s=10)
         self.server = server
         self.poll_s = poll_s
         self.tripped: FailureClass | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
+        self._misses = 0
 
-    def _run(self) -> None:
-        misses = 0
-        while not self._stop.wait(self.poll_s):
-            if self.server.exited() is not None:
-                self.tripped = FailureClass.DIED_DURING_LOAD
-                return
-            misses = 0 if self.server.healthy(timeout_s=max(1.0, self.poll_s)) else misses + 1
-            if misses >= 3:
-                self.tripped = FailureClass.UNHEALTHY
-                return
-
-    def __enter__(self) -> _HealthWatch:
-        self._thread.start()
-        return self
+    def poll(self) -> bool:
+        if self.server.exited() is not None:
+            self.tripped = FailureClass.DIED_DURING_LOAD
+            return False
+        self._misses = 0 if self.server.healthy(timeout_s=max(1.0, self.poll_s)) else self._misses + 1
+        if self._misses >= 3:
+            self.tripped = FailureClass.UNHEALTHY
+            return False
+        return True
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        super().__exit__(*exc)
         # A server that died makes every request fail fast, so the load can end between two polls.
         if self.tripped is None and self.server.exited() is not None:
             self.tripped = FailureClass.DIED_DURING_LOAD
 
 
-def _scrape(server: ServerProcess) -> dict[Any, float]:
+def _scrape(server: ServerProcess, path: str) -> dict[Any, float]:
     try:
-        resp = httpx.get(server.base_url + "/metrics", timeout=10.0, headers=server.headers)
+        resp = httpx.get(server.base_url + path, timeout=10.0, headers=server.headers)
         resp.raise_for_status()
     except httpx.HTTPError as exc:
-        log.warning("could not read /metrics: %s", exc)
+        log.warning("could not read %s: %s", path, exc)
         return {}
-    return dict(metrics.parse_prometheus(resp.text))
+    return dict(parse_prometheus(resp.text))
 
 
-def _server_version(server: ServerProcess) -> str | None:
+def _server_version(server: ServerProcess, path: str) -> str | None:
     try:
-        resp = httpx.get(server.base_url + "/version", timeout=5.0, headers=server.headers)
+        resp = httpx.get(server.base_url + path, timeout=5.0, headers=server.headers)
         return str(resp.json().get("version")) if resp.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
@@ -165,6 +162,13 @@ def _median_index(values: list[float]) -> int:
     return order[(len(order) - 1) // 2]
 
 
+def launch_argv(ctx: TrialContext, config: ServeConfig, *, port: int) -> list[str]:
+    """The argv one launch of ``config`` runs, as the context's engine spells it (the API key is not in it)."""
+    options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=port,
+                                       served_model_name=ctx.served_model_name)
+    return ctx.engine.build_argv(ctx.vllm_cmd, options, api_key=None)
+
+
 def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
               should_stop: Callable[[], bool] | None = None,
               on_phase: Callable[[str], None] | None = None, repeats: int = 1) -> TrialOutcome:
@@ -178,21 +182,17 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
     tdir.mkdir(parents=True, exist_ok=True)
     api_key = secrets.token_urlsafe(24)
     port = choose_port(ctx.host, ctx.port)
-    options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=port,
-                                       served_model_name=ctx.served_model_name)
-    argv = ctx.engine.build_argv(ctx.vllm_cmd, options, api_key=None)
+    argv = launch_argv(ctx, config, port=port)
     split = ctx.cpu_split
     # The profile's own environment wins over the computed binding (a hand-written TP/DP layout).
-    env = {**(split.server_env(local_ranks(config.args)) if split else {}), **config.env, "VLLM_API_KEY": api_key}
-    store.write_json(tdir / "config.json", {"args": config.args, "env": store.safe_env(dict(config.env)),
-                                            "params": config.params, "key": config.key(),
-                                            "speculative": config.is_speculative})
-    store.write_json(tdir / "command.json", {"argv": redact_argv(argv), "env": store.safe_env(env),
+    env = {**ctx.engine.server_env(split, config.args), **config.env, ctx.engine.api_key_env: api_key}
+    store.write_json(tdir / "config.json", config.to_json())
+    store.write_json(tdir / "command.json", {"argv": ctx.engine.redact_argv(argv), "env": store.safe_env(env),
                                              "port": port, "host": ctx.host,
                                              "cpus": split.to_json() if split else None})
     spec = LaunchSpec(argv=argv, env=env, host=ctx.host, port=port, workdir=tdir,
                       ready_timeout_s=ctx.ready_timeout_s, api_key=api_key,
-                      model_name=ctx.served_model_name, cpus=split.server if split else None)
+                      model_name=ctx.served_model_name, cpus=split.server if split else None, engine=ctx.engine)
     server = ServerProcess(spec)
     try:
         phase("launch")
@@ -204,7 +204,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                                 failure_class=exc.failure_class, reason=str(exc),
                                 log_tail=exc.log_tail or tail(server.log_path))
-            kv_tokens = kv_tokens_from_log(server.log_path.read_text(errors="replace"))
+            kv_tokens = ctx.engine.kv_tokens_from_log(server.log_path.read_text(errors="replace"))
             log.info("server ready in %.1f s (KV cache: %s tokens per rank)", ready_s, kv_tokens)
             phase("guards")
             guard_report = ctx.guards.run(GuardTarget(
@@ -228,7 +228,8 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                         phase(f"load {index + 1}/{repeats}")
                     run = measure(server.base_url, ctx.served_model_name, ctx.objective,
                                   vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
-                                  scrape=lambda: _scrape(server))
+                                  scrape=lambda: _scrape(server, ctx.engine.metrics_path),
+                                  server_metrics=ctx.engine.metrics)
                     runs.append(run)
                     if run.stopped:
                         break
@@ -236,7 +237,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
             scores = [score(ctx.objective, s) for s in summaries]
             middle = _median_index([sc.value for sc in scores])
             measurement, summary = runs[middle], summaries[middle]
-            server_metrics = {**measurement.server, "server_version": _server_version(server),
+            server_metrics = {**measurement.server, "server_version": _server_version(server, ctx.engine.version_path),
                               "kv_cache_tokens_per_rank": kv_tokens}
             load_record = {"summary": summary, "repeat_values": [sc.value for sc in scores],
                            "repeats": [{**run.to_json(), "summary": s} for run, s in zip(runs, summaries,

@@ -2,8 +2,8 @@
 """Load-generator capacity against a REAL vLLM server (CUDA), in streamed chunks per second.
 
 ``scripts/bench_client_capacity.py`` measures the client against a stand-in that streams as fast
-as it can. This script points the same client code (:func:`tuner.loadgen.run_window` in one
-process, :class:`tuner.loadgen_pool.ClientPool` with N processes) at a running vLLM, so the figure
+as it can. This script points the same client code (:func:`tuner.load.generator.run_window` in one
+process, :class:`tuner.load.pool.ClientPool` with N processes) at a running vLLM, so the figure
 includes a real server's pacing. One streamed chunk is one token here (no speculation), so
 chunks/s = the summary's ``output_throughput``. The single-process ceiling seen earlier on the
 H200 machine with a plain aiohttp client was ~14 k chunks/s.
@@ -29,10 +29,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tuner.loadgen import WindowPlan, run_window  # noqa: E402
-from tuner.loadgen_pool import ClientPool  # noqa: E402
-from tuner.metrics import summarize  # noqa: E402
-from tuner.workload import Workload  # noqa: E402
+from tuner.load.generator import WindowPlan, run_window  # noqa: E402
+from tuner.load.metrics import summarize  # noqa: E402
+from tuner.load.pool import ClientPool  # noqa: E402
+from tuner.load.workload import Workload  # noqa: E402
 
 
 def _row(result: Any, wall_s: float) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does the tool's pre-launch validator (``tuner.vllm_validate``) work against this vLLM?
+"""Does the tool's pre-launch validator (``tuner.engines.vllm.validate``) work against this vLLM?
 
 Checks a legal launch of the tiny MoE and three illegal ones, first with the tool as it is, then
 with vLLM 0.26's module path for the serve parser (``vllm.entrypoints.openai.cli_args``) aliased
@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tuner import vllm_validate  # noqa: E402
+from tuner.engines.vllm import validate as vllm_validate  # noqa: E402
 
 GOOD = {"tensor-parallel-size": 2, "max-num-seqs": 256, "max-num-batched-tokens": 8192, "max-model-len": 2048,
         "gpu-memory-utilization": 0.6, "kv-cache-dtype": "fp8", "moe-backend": "triton", "enforce-eager": False,

@@ -18,7 +18,8 @@ import pytest
 import yaml
 from rich.console import Console
 
-from tuner import catalog, cli
+import tuner.cli.main as cli
+from tuner import catalog
 from tuner.errors import UnknownNameError
 
 GOOD_PROFILE = {

@@ -24,8 +24,7 @@ import pytest
 import yaml
 
 from tests.faults.conftest import STANDINS, Tuner, cli_env
-from tuner.errors import PortInUseError
-from tuner.launcher import (
+from tuner.engines.process import (
     GPU_RELEASE_FILE,
     LaunchSpec,
     ServerProcess,
@@ -35,8 +34,9 @@ from tuner.launcher import (
     nvidia_smi_probe,
     wait_gpu_memory_released,
 )
+from tuner.errors import PortInUseError
 from tuner.objective import Objective
-from tuner.space import ServeConfig
+from tuner.search.space import ServeConfig
 from tuner.trial import TrialContext, run_trial
 
 CPU_PROFILE = {
@@ -122,7 +122,7 @@ def test_taken_port_fails_naming_the_holder(tmp_path: Path, held_port: int) -> N
 
 def test_trial_on_a_taken_port_moves_to_a_free_one(tmp_path: Path, held_port: int,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="tuner.launcher")
+    caplog.set_level(logging.WARNING, logger="tuner.engines.process")
     # a plain program that exits at once: only the port choice matters here
     ctx = _ctx([sys.executable, "-c", "import sys; sys.exit(3)"], port=held_port, ready_timeout_s=10)
     outcome = run_trial(ctx, ServeConfig(args={}, env={}, params={}), tmp_path / "t0")
@@ -208,7 +208,7 @@ def test_gpu_wait_gives_up_quietly_when_the_probe_fails() -> None:
 
 
 def test_stop_waits_for_gpu_memory_and_writes_the_report(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="tuner.launcher")
+    caplog.set_level(logging.WARNING, logger="tuner.engines.process")
     state = {"stopped": False}
 
     def probe() -> list[int]:  # memory stays held after the server is gone

@@ -16,11 +16,11 @@ import yaml
 
 from tests.faults.conftest import SENTINEL
 from tuner import store
-from tuner.engine import VllmEngine, redact_argv
+from tuner.engines.process import LaunchSpec, ServerProcess, free_port
+from tuner.engines.vllm import VllmEngine, redact_argv
 from tuner.export import serve_script
-from tuner.launcher import LaunchSpec, ServerProcess, free_port
-from tuner.profile import HardwareProfile, load_profile
-from tuner.space import build_config
+from tuner.search.profile import HardwareProfile, load_profile
+from tuner.search.space import build_config
 
 EVIL = ["x; touch INJECTED_SEMI", "$(touch INJECTED_SUB)", "`touch INJECTED_BT`", "a && touch INJECTED_AND",
         "a | touch INJECTED_PIPE", "'\"; touch INJECTED_QUOTE; echo \"'", "a\ntouch INJECTED_NL", "--host=0.0.0.0"]

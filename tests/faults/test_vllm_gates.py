@@ -19,10 +19,10 @@ import httpx
 import pytest
 
 from tests.conftest import vllm_cli
-from tuner.guard_api import GuardReport, GuardTarget
-from tuner.launcher import group_alive
+from tuner.engines.process import group_alive
+from tuner.guards.api import GuardReport, GuardTarget
 from tuner.objective import Objective
-from tuner.space import ServeConfig
+from tuner.search.space import ServeConfig
 from tuner.trial import TrialContext, run_trial
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -40,7 +40,7 @@ from tests.faults.conftest import (
     process_env,
     wait_file,
 )
-from tuner.launcher import group_alive, stop_orphans
+from tuner.engines.process import group_alive, stop_orphans
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

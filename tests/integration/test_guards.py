@@ -1,6 +1,6 @@
 """Every gate passing and failing on a real vLLM CPU server, through the real DeepSeek V4 path.
 
-The tiny demo model is trained on the guard probes (tuner/trained_fixture.py, cached by content hash)
+The tiny demo model is trained on the guard probes (tests/fixtures/trained_model.py, cached by content hash)
 and served with ``--tokenizer-mode deepseek_v4 --reasoning-parser deepseek_v4 --tool-call-parser
 deepseek_v4 --enable-auto-tool-choice``. Four launches in all, each shared by several tests:
 
@@ -26,10 +26,10 @@ import httpx
 import pytest
 
 from tests.conftest import vllm_cli
+from tuner.engines.process import LaunchSpec, ServerProcess, free_port
 from tuner.errors import LaunchError
-from tuner.guard_api import GuardReport, GuardTarget
 from tuner.guards import Suite, load_suite
-from tuner.launcher import LaunchSpec, ServerProcess, free_port
+from tuner.guards.api import GuardReport, GuardTarget
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -50,7 +50,7 @@ LAUNCHES: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def trained(demo_model: Path) -> Path:
-    from tuner.trained_fixture import train_fixture
+    from tests.fixtures.trained_model import train_fixture
 
     return train_fixture(demo_model)
 
@@ -104,8 +104,8 @@ def runs(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
 
 def _server_prompt_ids(server: ServerProcess) -> list[int]:
     from tuner.catalog import resolve
-    from tuner.guard_chat import chat_payload
-    from tuner.guard_specs import ToolCallSpec, load_spec
+    from tuner.guards import ToolCallSpec, load_spec
+    from tuner.guards.chat import chat_payload
 
     spec = load_spec(resolve("guards", "tool_call"))
     assert isinstance(spec, ToolCallSpec)
@@ -122,7 +122,7 @@ def _result(report: GuardReport, name: str) -> Any:
 def test_fixture_trains_on_the_ids_the_server_renders(runs: dict[str, Any], trained: Path, demo_model: Path) -> None:
     from transformers import AutoTokenizer
 
-    from tuner.trained_fixture import training_examples
+    from tests.fixtures.trained_model import training_examples
 
     examples = training_examples(AutoTokenizer.from_pretrained(demo_model))
     assert list(examples[0].prompt_ids) == runs["rendered"]

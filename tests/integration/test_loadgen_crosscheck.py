@@ -19,7 +19,7 @@ and ITL). The raw paired ratios are reported and held to ``RAW_TOLERANCE``.
 
 Two more conditions make the comparison fair:
 - Client isolation: the server runs on every core but the last (its OpenMP threads bound
-  there), and both clients on the last one (tuner/affinity.py). On shared cores the client was
+  there), and both clients on the last one (tuner/load/affinity.py). On shared cores the client was
   kept off the CPU for up to 2 s and read 0.43x bench's throughput (docs/loadgen.md).
 - Same prompt sizes: ``vllm bench serve --dataset-name random`` decodes random ids to text that
   the server tokenizes again (a few tokens more or fewer); we send the ids. The input token
@@ -44,11 +44,11 @@ import httpx
 import pytest
 
 from tests.conftest import vllm_cli
-from tuner.affinity import CpuSplit, pinned, plan_cpu_split
-from tuner.launcher import LaunchSpec, ServerProcess, free_port
-from tuner.loadgen import run_load_sync
-from tuner.metrics import Samples, histogram_deltas, parse_prometheus, summarize
-from tuner.workload import Workload
+from tuner.engines.process import LaunchSpec, ServerProcess, free_port
+from tuner.load.affinity import CpuSplit, pinned, plan_cpu_split
+from tuner.load.generator import run_load_sync
+from tuner.load.metrics import Samples, histogram_deltas, parse_prometheus, summarize
+from tuner.load.workload import Workload
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

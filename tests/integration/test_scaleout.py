@@ -23,17 +23,10 @@ import yaml
 from optuna.trial import TrialState
 
 from tests.conftest import REPO
-from tuner.launcher import PID_FILE, group_alive
-from tuner.worker import (
-    REFERENCE_ATTR,
-    NodeIdentity,
-    Worker,
-    WorkerOptions,
-    make_storage,
-    mask_url,
-    open_shared,
-    resolve_storage_url,
-)
+from tuner.backends.node import REFERENCE_ATTR, NodeIdentity
+from tuner.backends.storage import make_storage, mask_url, resolve_storage_url
+from tuner.backends.worker import Worker, WorkerOptions, open_shared
+from tuner.engines.process import PID_FILE, group_alive
 
 PROFILE = {
     "name": "cpu-scaleout",
@@ -132,7 +125,8 @@ def test_shared_study_travels_in_the_database_without_its_password(pg_url: str, 
     other = tmp_path / "node2-runs"
     joined = open_shared(name, other, make_storage(pg_url), url=pg_url)
     assert joined.profile == created.profile and joined.objective == created.objective
-    assert (other / name / "profile.yaml").read_text() == (catalog["runs"] / name / "profile.yaml").read_text()
+    assert ((other / name / "hardware_profile.yaml").read_text()
+            == (catalog["runs"] / name / "hardware_profile.yaml").read_text())
     secret = _password(pg_url)
     assert _files_with(tmp_path, secret) == []
     # the masked URL of study.json is completed from the environment, and only from there
@@ -324,7 +318,7 @@ def test_storage_url_is_masked_and_only_completed_from_the_environment() -> None
 
 
 def test_gathered_artifacts_fill_only_missing_files(tmp_path: Path) -> None:
-    from tuner.ray_backend import _is_loopback, pack_folder, unpack_folder
+    from tuner.backends.ray import is_loopback, pack_folder, unpack_folder
 
     node = tmp_path / "node" / "0003"
     node.mkdir(parents=True)
@@ -336,5 +330,5 @@ def test_gathered_artifacts_fill_only_missing_files(tmp_path: Path) -> None:
     assert unpack_folder(pack_folder(node), driver) == ["server.log"]
     assert (driver / "outcome.json").read_text() == "kept"
     assert (driver / "server.log").stat().st_size == 1_000_000  # the log's tail, capped
-    assert _is_loopback("127.0.0.1:6379") and _is_loopback("localhost:6379")
-    assert not _is_loopback("10.0.0.1:6379") and not _is_loopback("auto") and not _is_loopback(None)
+    assert is_loopback("127.0.0.1:6379") and is_loopback("localhost:6379")
+    assert not is_loopback("10.0.0.1:6379") and not is_loopback("auto") and not is_loopback(None)

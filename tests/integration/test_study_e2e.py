@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from tests.conftest import vllm_cli
-from tuner.affinity import format_cpu_list
-from tuner.launcher import LaunchSpec, ServerProcess, free_port
+from tuner.engines.process import LaunchSpec, ServerProcess, free_port
+from tuner.load.affinity import format_cpu_list
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

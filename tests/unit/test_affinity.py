@@ -1,4 +1,4 @@
-"""tuner/affinity.py: the core split between server and client, and that it reaches real processes."""
+"""tuner/load/affinity.py: the core split between server and client, and that it reaches real processes."""
 
 from __future__ import annotations
 
@@ -11,17 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.affinity import (
-    OMP_BIND_ENV,
-    CpuSplit,
-    available_cpus,
-    format_cpu_list,
-    local_ranks,
-    pinned,
-    plan_cpu_split,
-)
-from tuner.launcher import LaunchSpec, ServerProcess, free_port
-from tuner.profile import load_profile
+from tuner.engines.process import LaunchSpec, ServerProcess, free_port
+from tuner.engines.vllm import OMP_BIND_ENV, local_ranks, omp_bind_env
+from tuner.load.affinity import CpuSplit, available_cpus, format_cpu_list, pinned, plan_cpu_split
+from tuner.search.profile import load_profile
 
 two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
 
@@ -45,10 +38,10 @@ def test_no_split_where_the_os_cannot_pin(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_omp_binding_has_one_core_list_per_rank() -> None:
     split = CpuSplit(server=(0, 1, 2, 3, 4), client=(5,), bind_omp=True)
-    assert split.server_env() == {OMP_BIND_ENV: "0-4"}
-    assert split.server_env(ranks=2) == {OMP_BIND_ENV: "0-1|2-3"}
-    assert split.server_env(ranks=6) == {}  # more ranks than cores: vLLM's auto binding decides
-    assert dataclasses.replace(split, bind_omp=False).server_env() == {}
+    assert omp_bind_env(split) == {OMP_BIND_ENV: "0-4"}
+    assert omp_bind_env(split, ranks=2) == {OMP_BIND_ENV: "0-1|2-3"}
+    assert omp_bind_env(split, ranks=6) == {}  # more ranks than cores: vLLM's auto binding decides
+    assert omp_bind_env(dataclasses.replace(split, bind_omp=False)) == {}
 
 
 def test_cpu_lists_use_the_taskset_syntax() -> None:

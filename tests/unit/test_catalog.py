@@ -9,7 +9,7 @@ import pytest
 from tuner import catalog
 from tuner.errors import CatalogError, UnknownNameError
 from tuner.objective import Objective
-from tuner.profile import HardwareProfile
+from tuner.search.profile import HardwareProfile
 
 HW = "name: x\nhardware: {accelerator: cpu, device_name: c, device_count: 1, memory_per_device_gb: 1}\n"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tuner import catalog
-from tuner.cli import main, parse_duration, parse_slos
+from tuner.cli import main
+from tuner.cli.args import parse_duration, parse_slos
 from tuner.errors import UsageError
 
 

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from tuner.confirm import ConfirmSpec, judge, mad, pick_winner, robust_score
-from tuner.goodput import request_goodput
-from tuner.loadgen import LoadResult, RequestRecord
+from tuner.load.generator import LoadResult, RequestRecord
+from tuner.load.goodput import request_goodput
 from tuner.report import markdown_to_html, pareto_front
+from tuner.study.confirm import ConfirmSpec, judge, mad, pick_winner, robust_score
 
 
 def test_mad_and_robust_score() -> None:

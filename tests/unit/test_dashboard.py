@@ -13,11 +13,10 @@ import pytest
 from optuna.trial import TrialState
 from optuna_dashboard import wsgi
 
-import tuner.study as study_mod
+import tuner.study.step as step_mod
 from tests.conftest import synthetic_outcome, synthetic_record
-from tuner.confirm_phase import best_feasible_trial
-from tuner.space import ServeConfig
-from tuner.study import Study
+from tuner.search.space import ServeConfig
+from tuner.study import Study, best_feasible_trial
 from tuner.trial import TrialContext, TrialOutcome
 
 
@@ -37,7 +36,7 @@ def test_the_dashboard_shows_the_studys_trials_best_and_importances(tmp_path: Pa
                        **_kw: Any) -> TrialOutcome:
         return synthetic_outcome(ctx, config, tdir, repeats)
 
-    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    monkeypatch.setattr(step_mod, "run_trial", fake_run_trial)
     study = Study.create(synthetic_record(tmp_path, name="night", trials=5, top_k=1, seed=0), tmp_path / "runs")
     ostudy = study.run()
     app = wsgi(study.storage())

@@ -1,4 +1,4 @@
-"""tuner/engine.py: argv must be what vLLM's own ``--config`` loader makes of the same mapping."""
+"""tuner/engines/vllm/argv.py: argv must be what vLLM's own ``--config`` loader makes of the same mapping."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tuner.engine import VllmEngine, options_to_argv, redact_argv, resolve_vllm_cmd
+from tuner.engines.vllm import VllmEngine, options_to_argv, redact_argv, resolve_vllm_cmd
 from tuner.errors import UsageError
 
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from tuner.checkpoints import load_checkpoint
-from tuner.feasibility import GB, GIB, check
-from tuner.profile import bind_checkpoint, load_profile
-from tuner.space import FixedParams, ServeConfig, build_config, suggest
-from tuner.workload import Workload
+from tuner.load.workload import Workload
+from tuner.search.checkpoints import load_checkpoint
+from tuner.search.feasibility import GB, GIB, check
+from tuner.search.profile import bind_checkpoint, load_profile
+from tuner.search.space import FixedParams, ServeConfig, build_config, suggest
 
 BLOG = Workload(input_len=1024, output_len=1024)
 
@@ -145,7 +145,7 @@ GPU_LOG = """\
 
 
 def test_the_kv_capacity_is_read_from_the_server_log() -> None:
-    from tuner.feasibility import kv_tokens_from_log
+    from tuner.engines.vllm.logs import kv_tokens_from_log
 
     assert kv_tokens_from_log(GPU_LOG) == 1_409_024  # the smallest engine under DP binds
     cpu = "INFO [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 1,024 ..."
@@ -154,7 +154,7 @@ def test_the_kv_capacity_is_read_from_the_server_log() -> None:
 
 
 def test_a_fit_reproduces_the_observed_capacity() -> None:
-    from tuner.feasibility import fit_kv_bytes_per_token
+    from tuner.search.feasibility import fit_kv_bytes_per_token
 
     profile, ckpt, config = _gh200("blog-dp4-ep")
     default = check(profile, config, ckpt, BLOG)
@@ -172,7 +172,7 @@ def test_a_fit_reproduces_the_observed_capacity() -> None:
 def test_prelaunch_learns_from_a_launch_and_prunes_by_the_fit() -> None:
     """A configuration the blog's constant lets through is pruned once the node shows less KV."""
     from tuner.objective import load_objective
-    from tuner.prelaunch import PreLaunch
+    from tuner.search.prelaunch import PreLaunch
 
     profile, ckpt, config = _gh200("blog-dp4-ep")
     objective = load_objective("throughput")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tuner.errors import CatalogError
 from tuner.objective import load_objective
-from tuner.profile import load_profile
+from tuner.search.profile import load_profile
 
 PROFILE: dict[str, Any] = {
     "name": "fuzz",

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from tuner.failures import FailureClass, classify_startup_failure
+from tuner.engines.vllm.logs import classify_startup_failure
+from tuner.failures import FailureClass
 
 # A TP2 launch with torch.compile + CUDA graphs that stalled after compilation (GPU memory flat at
 # ~3 GB on both GPUs, SM use 0 % for 60 s) until dsv4-tune's 180 s ready timeout stopped it.
@@ -55,7 +56,7 @@ def test_rank_prefixed_torch_warning_is_not_the_reason() -> None:
 
 
 def test_timeout_reason_names_the_last_progress() -> None:
-    from tuner.failures import describe_stall  # type: ignore[attr-defined]
+    from tuner.engines.vllm.logs import describe_stall
 
     text = describe_stall(HUNG_TP2_COMPILE_TAIL)
     assert "torch.compile took 16.19 s" in text or "No available shared memory broadcast block" in text
@@ -71,7 +72,7 @@ def vllm_026_layout(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped
         parser_module = importlib.import_module("vllm.entrypoints.launchers.cli_args")
     except ModuleNotFoundError:
         parser_module = importlib.import_module("vllm.entrypoints.openai.cli_args")
-    from tuner import vllm_validate
+    from tuner.engines.vllm import validate as vllm_validate
 
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers.cli_args", None)
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers", None)
@@ -89,7 +90,7 @@ def test_validator_reads_the_026_serve_parser(vllm_026_layout) -> None:  # type:
 
 def test_auto_prevalidation_is_skipped_when_the_parser_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("vllm", reason="vLLM is not importable here")
-    from tuner import vllm_validate
+    from tuner.engines.vllm import validate as vllm_validate
 
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers.cli_args", None)
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers", None)

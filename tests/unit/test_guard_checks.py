@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.guard_chat import call_problem, schema_problems
-from tuner.guard_equivalence import ProbeRecording, _write, compare
-from tuner.guard_http import ProbeFailure, message_reasoning
-from tuner.guard_needle import fit_sentences, needle_messages
-from tuner.guard_specs import ExpectedCall, Needle, NeedleSpec
+from tuner.guards.chat import call_problem, schema_problems
+from tuner.guards.equivalence import ProbeRecording, _write, compare
+from tuner.guards.http import ProbeFailure, message_reasoning
+from tuner.guards.needle import Needle, NeedleSpec, fit_sentences, needle_messages
+from tuner.guards.specs import ExpectedCall
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
                                             "unit": {"enum": ["C", "F"]}},

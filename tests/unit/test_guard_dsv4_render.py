@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.trained_model import _encoding_module, render_prompt
 from tuner.catalog import resolve
-from tuner.guard_chat import assistant_echo, tool_result_message
-from tuner.guard_specs import ReasoningSpec, load_spec
-from tuner.trained_fixture import _encoding_module, render_prompt
+from tuner.guards import ReasoningSpec, load_spec
+from tuner.guards.chat import assistant_echo, tool_result_message
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
 

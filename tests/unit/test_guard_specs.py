@@ -8,9 +8,16 @@ import pytest
 
 from tuner.catalog import known_names
 from tuner.errors import CatalogError, UnknownNameError, UsageError
-from tuner.guard_equivalence import EquivalenceGuard
-from tuner.guard_specs import EquivalenceSpec, NeedleSpec, ReasoningSpec, ToolCallSpec, load_spec
-from tuner.guards import Suite, load_suite
+from tuner.guards import (
+    EquivalenceGuard,
+    EquivalenceSpec,
+    NeedleSpec,
+    ReasoningSpec,
+    Suite,
+    ToolCallSpec,
+    load_spec,
+    load_suite,
+)
 
 SHIPPED = {"tool_call": ToolCallSpec, "reasoning": ReasoningSpec, "equivalence": EquivalenceSpec,
            "needle": NeedleSpec}

@@ -15,23 +15,24 @@ from typing import Any
 
 import pytest
 
-from tuner.guard_api import GuardResult, GuardTarget
-from tuner.guard_equivalence import EquivalenceGuard
-from tuner.guard_reasoning import ReasoningGuard
-from tuner.guard_specs import (
+from tuner.guards import (
+    EquivalenceGuard,
     EquivalenceProbe,
     EquivalenceSpec,
     EquivalenceThresholds,
     ExpectedCall,
+    GuardResult,
+    GuardTarget,
     ReasoningCarryProbe,
+    ReasoningGuard,
     ReasoningSpec,
     ReasoningSplitProbe,
+    Suite,
+    ToolCallGuard,
     ToolCallProbe,
     ToolCallSpec,
     ToolRoundTrip,
 )
-from tuner.guard_tool_call import ToolCallGuard
-from tuner.guards import Suite
 
 Handler = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

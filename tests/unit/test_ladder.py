@@ -17,11 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tuner.ladder import LadderSpec, Measurement, SloWatch, ladder_concurrencies, measure
-from tuner.loadgen import RequestRecord
-from tuner.metrics import parse_prometheus
+from tuner.engines.vllm.metrics import VLLM_METRICS
+from tuner.load.generator import RequestRecord
+from tuner.load.ladder import LadderSpec, Measurement, SloWatch, ladder_concurrencies, measure
+from tuner.load.metrics import parse_prometheus
+from tuner.load.workload import Workload
 from tuner.objective import Objective
-from tuner.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.standins.stream_server import StandInBehaviour, StandInThread
@@ -53,7 +54,7 @@ def _objective(**kw: Any) -> LadderObjective:
 
 def _measure(server: StandInThread, objective: Objective, should_stop: Any = lambda: False) -> Measurement:
     return measure(server.base_url, "standin", objective, vocab_size=4096, api_key=None,
-                   should_stop=should_stop, scrape=_scrape(server.base_url))
+                   should_stop=should_stop, scrape=_scrape(server.base_url), server_metrics=VLLM_METRICS)
 
 
 def test_concurrencies() -> None:

@@ -1,4 +1,4 @@
-"""tuner/launcher.py with real processes (no vLLM): readiness, group kill, failure classes, orphans, ports."""
+"""tuner/engines/process.py with real processes (no vLLM): readiness, group kill, failure classes, orphans, ports."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.errors import LaunchError, PortInUseError
-from tuner.launcher import (
+from tuner.engines.process import (
     PID_FILE,
     LaunchSpec,
     ServerProcess,
@@ -29,6 +28,8 @@ from tuner.launcher import (
     port_is_free,
     stop_orphans,
 )
+from tuner.engines.vllm import VllmEngine
+from tuner.errors import LaunchError, PortInUseError
 
 HOST = "127.0.0.1"
 
@@ -91,7 +92,7 @@ def stub(tmp_path: Path) -> Path:
 
 def _spec(tmp_path: Path, argv: list[str], port: int, ready_timeout_s: float = 20.0) -> LaunchSpec:
     return LaunchSpec(argv=argv, env={"STUB_MARK": "1"}, host=HOST, port=port, workdir=tmp_path / "trial",
-                      ready_timeout_s=ready_timeout_s)
+                      ready_timeout_s=ready_timeout_s, engine=VllmEngine())
 
 
 def _spawn_group(code: str) -> subprocess.Popen[bytes]:

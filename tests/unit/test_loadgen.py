@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from tuner.errors import LoadError, TunerError
-from tuner.loadgen import LoadResult, run_load, run_load_sync
-from tuner.metrics import summarize
-from tuner.workload import Workload, make_prompts, make_warmup_prompts
+from tuner.load.generator import LoadResult, run_load, run_load_sync
+from tuner.load.metrics import summarize
+from tuner.load.workload import Workload, make_prompts, make_warmup_prompts
 
 BASE = "http://server.test:8000"
 VOCAB = 4096
@@ -354,7 +354,7 @@ def test_bad_arguments_raise_load_error() -> None:
 
 def test_a_client_kept_off_the_cpu_is_starved_not_saturated() -> None:
     """Loop lag with little CPU is the scheduler's doing (shared cores); with much CPU, the client's own."""
-    from tuner.loadgen import combine_client_stats
+    from tuner.load.generator import combine_client_stats
 
     lagging = [0.001] * 90 + [0.7] * 10
     starved = combine_client_stats([{"lags_s": lagging, "cpu_s": 0.5, "wall_s": 10.0, "events": 100}], "aiohttp")

@@ -6,14 +6,9 @@ import math
 
 import pytest
 
-from tuner.loadgen import LoadResult, RequestRecord
-from tuner.metrics import (
-    SPEC_DECODE_COUNTERS,
-    counter_deltas,
-    parse_prometheus,
-    spec_decode_summary,
-    summarize,
-)
+from tuner.engines.vllm.metrics import SPEC_DECODE_COUNTERS, spec_decode_summary
+from tuner.load.generator import LoadResult, RequestRecord
+from tuner.load.metrics import counter_deltas, parse_prometheus, summarize
 
 
 def _rec(prompt: int, out: int, ttft: float | None, itl: tuple[float, ...], e2e: float,

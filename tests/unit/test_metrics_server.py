@@ -6,14 +6,8 @@ import math
 
 import pytest
 
-from tuner.metrics import (
-    gauge_summary,
-    gauge_total,
-    histogram_deltas,
-    histogram_quantile,
-    parse_prometheus,
-    queue_time_summary,
-)
+from tuner.engines.vllm.metrics import gauge_summary, gauge_total, queue_time_summary
+from tuner.load.metrics import histogram_deltas, histogram_quantile, parse_prometheus
 
 H = "vllm:request_queue_time_seconds"
 

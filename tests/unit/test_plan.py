@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.plan import build_plan, format_plan, space_size
-from tuner.profile import load_profile
+from tuner.search.plan import build_plan, format_plan, space_size
+from tuner.search.profile import load_profile
 
 PROFILES = ["cpu", "h100x8", "h200x8", "gh200x4", "b200x8", "gb300x4", "rtxpro6000x8", "mi325x1"]
 

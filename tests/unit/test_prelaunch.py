@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner.checkpoints import load_checkpoint
+from tuner.engines.vllm.validate import vllm_available
 from tuner.objective import load_objective
-from tuner.prelaunch import PreLaunch
-from tuner.profile import bind_checkpoint, load_profile
-from tuner.space import RandomParams, build_config, suggest
+from tuner.search.checkpoints import load_checkpoint
+from tuner.search.prelaunch import PreLaunch
+from tuner.search.profile import bind_checkpoint, load_profile
+from tuner.search.space import RandomParams, build_config, suggest
 from tuner.trial import TrialContext
-from tuner.vllm_validate import vllm_available
 
 
 def _ctx(model: str) -> TrialContext:
@@ -44,7 +44,7 @@ def test_feasibility_model_refuses_what_cannot_fit() -> None:
 
 
 def test_prevalidate_on_without_vllm_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tuner.vllm_validate as validate
+    import tuner.engines.vllm.validate as validate
     from tuner.errors import UsageError
 
     monkeypatch.setattr(validate, "vllm_available", lambda: False)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.checkpoints import load_catalog, load_checkpoint
 from tuner.errors import CatalogError, UnknownNameError
-from tuner.profile import CAPTURE_OPTION, DRAFT_TOKENS_PARAM, bind_checkpoint, load_profile, parse_topology
-from tuner.space import FixedParams, RandomParams, capture_size_for, suggest
+from tuner.search.checkpoints import load_catalog, load_checkpoint
+from tuner.search.profile import CAPTURE_OPTION, DRAFT_TOKENS_PARAM, bind_checkpoint, load_profile, parse_topology
+from tuner.search.space import FixedParams, RandomParams, capture_size_for, suggest
 
 GPU_PROFILES = ["h100x8", "h200x8", "gh200x4", "b200x8", "gb300x4", "rtxpro6000x8", "mi325x1"]
 ALL_PROFILES = ["cpu", *GPU_PROFILES]

@@ -17,8 +17,8 @@ from types import ModuleType
 import optuna
 import pytest
 
-from tuner.space import suggest
-from tuner.study import make_sampler
+from tuner.backends.storage import make_sampler
+from tuner.search.space import suggest
 
 SEEDS = range(6)
 LAUNCHES = 60

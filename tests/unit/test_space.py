@@ -1,4 +1,4 @@
-"""tuner/space.py public API: shipped profiles load, suggest stays in its domains, ServeConfig identity."""
+"""tuner/search/space.py public API: shipped profiles load, suggest stays in its domains, ServeConfig identity."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from tuner import catalog
 from tuner.errors import CatalogError
-from tuner.profile import DRAFT_TOKENS_PARAM, SPECULATIVE_OPTION, HardwareProfile, load_profile
-from tuner.space import FixedParams, ServeConfig, suggest
+from tuner.search.profile import DRAFT_TOKENS_PARAM, SPECULATIVE_OPTION, HardwareProfile, load_profile
+from tuner.search.space import FixedParams, ServeConfig, suggest
 
 HEAD = """\
 name: t

@@ -1,4 +1,4 @@
-"""tuner/store.py (atomic JSON, secret masking) and tuner/failures.py (reading a vLLM log tail)."""
+"""tuner/store.py (atomic JSON, secret masking) and tuner/engines/vllm/logs.py (reading a vLLM log tail)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.failures import FailureClass, classify_startup_failure
+from tuner.engines.vllm.logs import classify_startup_failure
+from tuner.failures import FailureClass
 from tuner.store import read_json, safe_env, trial_dir, write_json, write_text
 
 # -- store -------------------------------------------------------------------------------------

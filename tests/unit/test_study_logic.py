@@ -1,6 +1,6 @@
 """The study layer's logic, driven by a cheap synthetic response surface in place of launches.
 
-``tuner.study.run_trial`` is replaced by a deterministic function of the configuration (a known
+``tuner.study.step.run_trial`` is replaced by a deterministic function of the configuration (a known
 surface with a failing region and an SLO-violating region). The real launch path is covered by
 tests/integration; here we check what the study does with outcomes: constraints, de-duplication,
 controls, confirmation, budget and resume.
@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
-import tuner.study as study_mod
+import tuner.study.step as step_mod
 from tests.conftest import synthetic_record
 from tuner.objective import constraint_names
-from tuner.space import ServeConfig
-from tuner.study import Study
+from tuner.search.space import ServeConfig
+from tuner.study import Study, best_feasible_trial
 from tuner.trial import TrialContext, TrialOutcome
 
 
@@ -52,7 +52,7 @@ def fake_launches(monkeypatch: pytest.MonkeyPatch) -> list[ServeConfig]:
                             ready_s=1.0, duration_s=100.0, trial_dir=str(tdir), config_key=config.key(),
                             repeat_values=tuple([value] * repeats) if ran else ())
 
-    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    monkeypatch.setattr(step_mod, "run_trial", fake_run_trial)
     return launched
 
 
@@ -93,7 +93,7 @@ def test_speculative_trials_launch_after_their_control(tmp_path: Path,
 
 def test_sampler_finds_the_feasible_optimum_region(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:
     optuna_study = _study(tmp_path, trials=25).run()
-    best = study_mod.best_feasible_trial(optuna_study)
+    best = best_feasible_trial(optuna_study)
     assert best is not None
     # feasible optimum: max-num-seqs 32, fp8, 4 draft tokens = 100 + 30 + 15 + 32 = 177
     assert best.value is not None and best.value >= 0.9 * 177.0
@@ -125,7 +125,7 @@ def test_budget_stops_before_a_trial_that_cannot_finish(tmp_path: Path,
 def test_interrupt_marks_the_trial_and_resume_requeues_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           fake_launches: list[ServeConfig]) -> None:
     study_obj = _study(tmp_path, trials=4)
-    real = study_mod.run_trial
+    real = step_mod.run_trial
     calls = {"n": 0}
 
     def interrupt_third(*args: Any, **kwargs: Any) -> TrialOutcome:
@@ -134,7 +134,7 @@ def test_interrupt_marks_the_trial_and_resume_requeues_it(tmp_path: Path, monkey
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(study_mod, "run_trial", interrupt_third)
+    monkeypatch.setattr(step_mod, "run_trial", interrupt_third)
     with pytest.raises(KeyboardInterrupt):
         study_obj.run()
     interrupted = [t for t in study_obj.optuna_study().trials if t.user_attrs.get("interrupted")]
@@ -170,7 +170,7 @@ def test_the_kv_fit_is_learnt_from_launches_and_survives_a_resume(tmp_path: Path
                             summary={"output_throughput": 100.0}, server_metrics={}, ready_s=1.0, duration_s=10.0,
                             trial_dir=str(tdir), config_key=config.key(), kv_cache_tokens=400_000)
 
-    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    monkeypatch.setattr(step_mod, "run_trial", fake_run_trial)
     study = Study.create(synthetic_record(tmp_path, name="kv", hw="gh200x4", trials=2), tmp_path / "runs")
     ostudy = study.run()
     assert launched
@@ -195,7 +195,7 @@ def test_report_names_the_winner_the_failures_and_the_trials_a_client_limited(
                             server_metrics={"client": {"client_starved": starved, "client_saturated": False}},
                             ready_s=1.0, duration_s=10.0, trial_dir=str(tdir), config_key=config.key())
 
-    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    monkeypatch.setattr(step_mod, "run_trial", fake_run_trial)
     study = _study(tmp_path, trials=6)
     ostudy = study.run()
     flagged = [t.number for t in ostudy.trials if t.user_attrs.get("client_starved")]

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from tuner.checkpoints import load_checkpoint
-from tuner.engine import VllmEngine
-from tuner.profile import bind_checkpoint, load_profile
-from tuner.space import RandomParams, build_config, suggest
+from tuner.engines.vllm import VllmEngine
+from tuner.search.checkpoints import load_checkpoint
+from tuner.search.profile import bind_checkpoint, load_profile
+from tuner.search.space import RandomParams, build_config, suggest
 
 GPU_PROFILES = ["h100x8", "h200x8", "gh200x4", "b200x8", "gb300x4", "rtxpro6000x8", "mi325x1"]
 CHECKPOINTS = ["0731", "preview", "w4a16-fp8-mtp", "nvfp4-fp8"]
@@ -23,7 +23,7 @@ Validate = Callable[[dict[str, Any]], list[str]]
 @pytest.fixture(scope="session")
 def validate() -> Iterator[Validate]:
     pytest.importorskip("vllm", reason="vLLM is not importable here")
-    from tuner.vllm_validate import validate_options
+    from tuner.engines.vllm.validate import validate_options
 
     validate_options({"model": "warm-up"})  # import vLLM once for the session
     yield validate_options

@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
-import tuner.study as study_mod
+import tuner.study.step as step_mod
 from tests.conftest import synthetic_outcome, synthetic_record
-from tuner.space import ServeConfig, suggest
-from tuner.study import Study, ask_fixed
+from tuner.backends.node import NodeIdentity
+from tuner.backends.storage import ask_fixed, make_storage
+from tuner.backends.worker import SharedStudy, Worker, WorkerOptions, open_shared
+from tuner.search.space import ServeConfig, suggest
+from tuner.study import Study
 from tuner.trial import TrialContext, TrialOutcome
-from tuner.worker import NodeIdentity, SharedStudy, Worker, WorkerOptions, make_storage, open_shared
 
 NODE = NodeIdentity(hostname="node-a", gpu_model=None, gpu_count=0, driver=None, vllm_version="0.32.0",
                     cpu_model="x86", cpu_count=2)
@@ -32,7 +34,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[ServeConfig]:
         seen.append(config)
         return synthetic_outcome(ctx, config, tdir, repeats)
 
-    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    monkeypatch.setattr(step_mod, "run_trial", fake_run_trial)
     return seen
 
 

@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 
-import tuner.study as study_mod
+import tuner.study.step as step_mod
 from tests.conftest import synthetic_outcome, synthetic_record
-from tuner.space import ServeConfig
+from tuner.backends.node import NodeIdentity
+from tuner.backends.storage import make_storage
+from tuner.backends.worker import Worker, WorkerOptions, open_shared
+from tuner.search.space import ServeConfig
 from tuner.study import Study
 from tuner.trial import TrialContext, TrialOutcome
-from tuner.worker import NodeIdentity, Worker, WorkerOptions, make_storage, open_shared
 
 NODE = NodeIdentity(hostname="node-a", gpu_model=None, gpu_count=0, driver=None, vllm_version="0.32.0",
                     cpu_model="x86", cpu_count=2)
@@ -32,7 +34,7 @@ def test_a_shared_study_is_confirmed_by_resume_after_its_workers(tmp_path: Path,
         runs.append((repeats, config.key()))
         return synthetic_outcome(ctx, config, tdir, repeats)
 
-    monkeypatch.setattr(study_mod, "run_trial", fake_run_trial)
+    monkeypatch.setattr(step_mod, "run_trial", fake_run_trial)
     record = synthetic_record(tmp_path, name="night", trials=3, top_k=1, seed=0)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     storage = make_storage(url)

@@ -8,9 +8,9 @@ import statistics
 import pytest
 from pydantic import ValidationError
 
-from tuner.agent_workload import AgentSession, AgentTurnReply, make_tools, merge_tool_call_deltas, session_count
+from tuner.load.agent import AgentSession, AgentTurnReply, make_tools, merge_tool_call_deltas, session_count
+from tuner.load.workload import AgentSpec, Workload, arrival_gaps_s, make_prompts, make_warmup_prompts, prompt_at
 from tuner.objective import load_objective
-from tuner.workload import AgentSpec, Workload, arrival_gaps_s, make_prompts, make_warmup_prompts, prompt_at
 
 VOCAB = 4096
 

@@ -1,0 +1,110 @@
+"""Reading the command line's values: durations, SLO overrides, guard lists, counts; the study record of ``run``.
+
+Shared by :mod:`tuner.cli.main` and :mod:`tuner.cli.scaleout`: ``main`` imports ``scaleout``, and both
+import from here, so neither imports the other back. Heavy modules (the study and Optuna) load only
+inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from tuner.errors import UsageError
+
+if TYPE_CHECKING:
+    from tuner.study import StudyRecord
+
+__all__ = ["count", "install_signal_handlers", "parse_duration", "parse_guards", "parse_slos", "positive_int",
+           "record_from_args"]
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
+
+
+def parse_duration(text: str) -> float:
+    """``8h``, ``90m``, ``1h30m``, ``45s`` or plain seconds → seconds (> 0)."""
+    match = _DURATION.match(text.strip())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise UsageError(f"--budget {text!r} is not a duration. Fix: write one such as 8h, 90m, 1h30m or 600s")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise UsageError(f"--budget {text!r}: the budget must be longer than 0. Fix: give e.g. --budget 8h, "
+                         "or drop --budget and use --trials N")
+    return total
+
+
+def parse_slos(items: Sequence[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key.strip()] = float(value)
+        except ValueError as exc:
+            raise UsageError(f"--slo {item!r}: write KEY=MILLISECONDS, e.g. --slo p95_ttft_ms=2000") from exc
+    return out
+
+
+def parse_guards(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return []
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise UsageError("--guards is empty; give names such as tool_call,reasoning or 'none'")
+    return names
+
+
+def _whole_number(minimum: int, too_small: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from exc
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{too_small}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = _whole_number(1, "must be at least 1")
+"""An argparse type: a whole number of at least 1 (``--trials``)."""
+count = _whole_number(0, "must be 0 or more")
+"""An argparse type: a whole number of at least 0 (``--max-retries``)."""
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP stop the tuner as Ctrl-C does: the running trial is marked, its server stopped."""
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+
+
+def record_from_args(args: argparse.Namespace) -> StudyRecord:
+    """The study record a `run` command line asks for (shared by the local and Ray backends)."""
+    from tuner.engines import default_engine  # the study and its Optuna load only for the commands that run one
+    from tuner.study import ConfirmSpec, new_record, resolve_model
+
+    budget_s = parse_duration(args.budget) if args.budget else None
+    record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
+                        vllm_cmd=args.vllm_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
+                        seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
+                        guards=parse_guards(args.guards), checkpoint=args.checkpoint,
+                        prevalidate=args.prevalidate,
+                        confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats),
+                        sampler=args.sampler)
+    default_engine().resolve_command(record.vllm_cmd)
+    resolve_model(record.model, args.runs_dir)
+    if record.trials is None and record.budget_s is None:
+        raise UsageError("give --trials N or --budget DURATION (or both), so the study knows when to stop")
+    return record

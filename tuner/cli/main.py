@@ -1,0 +1,297 @@
+"""The command line: the parser and the commands. ``cli/`` is the only package that prints for people
+and chooses exit codes.
+
+    dsv4-tune --hw cpu --objective throughput --trials 4      (same as: dsv4-tune run ...)
+    dsv4-tune resume NAME | export NAME | status NAME | list | plan --hw HW | demo-model DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner import catalog
+from tuner.cli import scaleout
+from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, record_from_args
+from tuner.engines import default_engine
+from tuner.errors import CatalogError, TunerError, UnknownNameError, UsageError
+
+if TYPE_CHECKING:
+    from tuner.study import Progress, Study
+
+console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)  # errors go to stderr
+SCALEOUT: dict[str, scaleout.Command] = {}
+SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report", "worker"}
+HW_HELP = "hardware profile: a name in search_spaces/ (see `dsv4-tune list`) or a YAML path"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dsv4-tune", description=(
+        "Find the fastest correct vLLM launch for a model on this node, unattended, and export it."))
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    sub = parser.add_subparsers(dest="command")
+
+    run = sub.add_parser("run", help="start a new study (the default command)")
+    run.add_argument("--hw", required=True, help=HW_HELP)
+    run.add_argument("--objective", default="throughput", help="objective name or YAML path")
+    run.add_argument("--trials", type=positive_int, help="stop after this many launches")
+    run.add_argument("--budget", help="stop before this much wall time is spent, e.g. 8h, 90m")
+    run.add_argument("--study", help="study name (default: <hw>-<objective>-<timestamp>)")
+    run.add_argument("--model", help="model path or hub id (default: the hardware profile's; 'demo' = generated)")
+    run.add_argument("--vllm-cmd", default=default_engine().default_command,
+                     help="how to start vLLM: a path, 'python3 -m vllm.entrypoints.cli.main', or a prefix")
+    run.add_argument("--port", type=int, help="server port (default: a free one)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--sampler", choices=["tpe", "gp", "random"], default="tpe",
+                     help="search: constrained TPE (default), GP (needs scipy; docs/search.md), or random")
+    run.add_argument("--slo", action="append", default=[], metavar="KEY=MS",
+                     help="override an SLO limit, e.g. --slo p95_ttft_ms=2000 (repeatable)")
+    run.add_argument("--ready-timeout", type=float, help="seconds a launch may take to become ready")
+    run.add_argument("--no-export", action="store_true", help="do not export the winner at the end")
+    run.add_argument("--checkpoint", help="checkpoint catalog name (preview, 0731, w4a16-fp8-mtp, nvfp4-fp8); "
+                     "binds the draft method, size and revision (default: the hardware profile's)")
+    run.add_argument("--prevalidate", choices=["auto", "on", "off"], default="auto",
+                     help="check each configuration with vLLM's own parser before launching it (auto: when "
+                     "vLLM imports here; use off when --vllm-cmd runs another vLLM version)")
+    run.add_argument("--confirm-top-k", type=int, default=2, metavar="K",
+                     help="confirm the K best screening trials with longer, repeated runs (0 = off)")
+    run.add_argument("--confirm-repeats", type=positive_int, default=3, metavar="N",
+                     help="measurement repeats per confirmation launch (default 3)")
+    run.add_argument("--guards", help="comma-separated guard names or YAML paths (default: the objective's); "
+                     "'none' for no gates")
+    _add_runs_dir(run)
+    scaleout.add_run_args(run)
+
+    resume = sub.add_parser("resume", help="continue a stopped study")
+    resume.add_argument("name")
+    resume.add_argument("--trials", type=positive_int, help="new total trial target")
+    resume.add_argument("--budget", help="wall time for this session of the study")
+    resume.add_argument("--no-export", action="store_true")
+    _add_runs_dir(resume)
+
+    export = sub.add_parser("export", help="write the best feasible trial's launch files to <study>/best/")
+    export.add_argument("name")
+    _add_runs_dir(export)
+
+    report = sub.add_parser("report", help="write report.md / report.html with plots for a study")
+    report.add_argument("name")
+    _add_runs_dir(report)
+
+    status = sub.add_parser("status", help="show a study's progress (from another shell)")
+    status.add_argument("name")
+    _add_runs_dir(status)
+
+    lst = sub.add_parser("list", help="list hardware profiles and objectives (and studies)")
+    _add_runs_dir(lst)
+
+    plan = sub.add_parser("plan", help="size a hardware profile's search space: feasible share, KV capacity, "
+                          "baselines")
+    plan.add_argument("--hw", required=True, help=HW_HELP)
+    plan.add_argument("--objective")
+    plan.add_argument("--budget")
+    plan.add_argument("--checkpoint")
+
+    demo = sub.add_parser("demo-model", help="generate the tiny demo model (tokenizer + random weights)")
+    demo.add_argument("dir", type=Path)
+    demo.add_argument("--seed", type=int, default=0)
+    SCALEOUT.update(scaleout.add_commands(sub))
+    return parser
+
+
+def _add_runs_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where studies live (default ./runs)")
+
+
+def _progress_printer(start: float) -> Callable[[Progress], None]:
+    last: dict[str, object] = {}
+
+    def show(p: Progress) -> None:
+        state = (p.trial_number, p.phase, p.launched)
+        if last.get("state") == state:
+            return
+        last["state"] = state
+        total = f"{p.launched}/{p.target}" if p.target else f"{p.launched}"
+        best = f"best {p.best_value:.1f} (trial {p.best_trial})" if p.best_value is not None else "best -"
+        left = f"{p.seconds_left / 60:.0f} min left" if p.seconds_left is not None else ""
+        elapsed = f"{(time.time() - start) / 60:.1f} min"
+        if (p.last and p.phase in ("done",)) or (p.phase == "launch" and p.events):
+            console.print(f"  {p.events[-1]}" if p.events else "")
+        console.print(f"[bold]{p.study}[/] trials {total} · trial {p.trial_number} {p.phase} · {best} · "
+                      f"{elapsed} {left}")
+
+    return show
+
+
+def _run_study(study: Study, args: argparse.Namespace) -> int:
+    from tuner.export import export_best
+    from tuner.report import write_report
+
+    install_signal_handlers()
+    console.print(f"study [bold]{study.record.name}[/] in {study.path}")
+    try:
+        optuna_study = study.run(on_progress=_progress_printer(time.time()))
+    except KeyboardInterrupt:
+        console.print(f"[yellow]stopped.[/] finished trials are kept; continue with "
+                      f"`dsv4-tune resume {study.record.name}`")
+        return 130
+    report = write_report(study, optuna_study)
+    console.print(f"report: {report}")
+    winner = study.winner(optuna_study)
+    if winner is None:
+        console.print("[red]no trial passed its gates and met its SLOs[/]; see "
+                      f"{study.path / 'trials.csv'}")
+        return 1
+    label = "confirmed" if winner.confirmed else "[yellow]unconfirmed[/]"
+    console.print(f"winner: trial {winner.trial}, {study.objective.metric} = {winner.value:.2f} ({label})")
+    if not args.no_export:
+        out = export_best(study)
+        console.print(f"exported: {out}/profile.yaml and {out}/serve.sh")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.study import Study
+
+    if args.backend == "ray":
+        return SCALEOUT["ray"](args)
+    study = Study.create(record_from_args(args), args.runs_dir)
+    return _run_study(study, args)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from tuner.study import Study
+
+    study = Study.open(args.name, args.runs_dir)
+    if args.trials is not None:
+        study.record = study.record.model_copy(update={"trials": args.trials})
+    if args.budget:
+        study.record = study.record.model_copy(update={"budget_s": parse_duration(args.budget)})
+    return _run_study(study, args)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tuner.export import export_best
+    from tuner.study import Study
+
+    out = export_best(Study.open(args.name, args.runs_dir))
+    console.print(f"exported: {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.report import write_report
+    from tuner.study import Study
+
+    study = Study.open(args.name, args.runs_dir)
+    console.print(f"report: {write_report(study, study.optuna_study())}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tuner.study import Study, best_feasible_trial
+
+    study = Study.open(args.name, args.runs_dir)
+    optuna_study = study.optuna_study()
+    table = Table(title=f"study {study.record.name}")
+    for col in ("trial", "state", "value", "failure", "reason"):
+        table.add_column(col)
+    for t in optuna_study.get_trials(deepcopy=False):
+        value = "" if t.value is None else f"{t.value:.2f}"
+        table.add_row(str(t.number), t.state.name, value, str(t.user_attrs.get("failure_class") or ""),
+                      str(t.user_attrs.get("reason", ""))[:80])
+    console.print(table)
+    best = best_feasible_trial(optuna_study)
+    console.print(f"best: trial {best.number} = {best.value:.2f}" if best else "best: none feasible yet")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from tuner.objective import load_objective
+    from tuner.search.profile import load_profile
+
+    table = Table(title="hardware profiles (--hw; search_spaces/)")
+    table.add_column("name")
+    table.add_column("devices")
+    table.add_column("description")
+    for name in catalog.known_names("search_spaces"):
+        try:
+            prof = load_profile(name)
+            table.add_row(name, f"{prof.hardware.device_count}× {prof.hardware.device_name}", prof.description)
+        except TunerError as exc:
+            table.add_row(name, "-", f"[red]invalid: {exc}[/]")
+    console.print(table)
+    obj_table = Table(title="objectives (--objective)")
+    obj_table.add_column("name")
+    obj_table.add_column("description")
+    for name in catalog.known_names("objectives"):
+        try:
+            obj_table.add_row(name, load_objective(name).description)
+        except TunerError as exc:
+            obj_table.add_row(name, f"[red]invalid: {exc}[/]")
+    console.print(obj_table)
+    if args.runs_dir.is_dir():
+        studies = sorted(p.parent.name for p in args.runs_dir.glob("*/study.json"))
+        console.print(f"studies in {args.runs_dir}: {', '.join(studies) or '(none)'}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tuner.search import build_plan, format_plan
+
+    budget_s = parse_duration(args.budget) if args.budget else None
+    report = build_plan(args.hw, args.objective, budget_s, args.checkpoint)
+    console.print(format_plan(report), markup=False, soft_wrap=True)
+    return 0
+
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    from tuner.demo_model import build_demo_model
+
+    out = build_demo_model(args.dir, seed=args.seed)
+    console.print(f"demo model ready: {out}")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    return SCALEOUT["worker"](args)
+
+
+COMMANDS = {"worker": cmd_worker, "run": cmd_run, "resume": cmd_resume, "export": cmd_export, "status": cmd_status,
+            "list": cmd_list, "plan": cmd_plan, "demo-model": cmd_demo_model, "report": cmd_report}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    first = next((w for w in words if w not in ("-v", "--verbose")), None)
+    if first is not None and first not in SUBCOMMANDS and first not in ("-h", "--help"):
+        index = words.index(first)
+        words.insert(index, "run")
+    parser = build_parser()
+    args = parser.parse_args(words)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, CatalogError, UnknownNameError) as exc:
+        err_console.print(f"[red]error:[/] {exc}", markup=True)
+        return 2
+    except TunerError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Reasoning gate: thinking output split from the answer, and carried across a tool round trip.
+
+Split probes (thinking on) must come back with the reasoning in ``reasoning``/``reasoning_content``
+and the answer in ``content``, with no ``<think>`` markup in either; with ``stream`` (the default) the
+same holds for the text assembled from the streamed deltas.
+
+Carry probes follow DeepSeek V4's contract: in a thinking-mode tool-call round trip the client sends
+the turn's reasoning back (``reasoning_content``), and the server must render it into the next
+prompt. The gate reads the prompt the server actually rendered (``return_prompt_text``, or the
+prompt token ids detokenized) and requires the reasoning in it, then requires the final answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tuner.guards.api import GuardKind, GuardResult, GuardTarget, ProbeLog, SpecGuard
+from tuner.guards.chat import assistant_echo, call_problem, chat_payload, raw_markup_in, tool_result_message
+from tuner.guards.http import GuardClient, first_message, message_reasoning
+from tuner.guards.specs import ChatProbe, ExpectedCall, StrictModel, ToolRoundTrip
+
+__all__ = ["KIND", "ReasoningCarryProbe", "ReasoningGuard", "ReasoningSpec", "ReasoningSplitProbe"]
+
+log = logging.getLogger(__name__)
+
+_THINK_MARKUP = ("<think>", "</think>")
+
+
+class ReasoningSplitProbe(ChatProbe):
+    """Thinking on: reasoning and content must come back in separate fields."""
+
+    thinking: bool = True
+    expect_reasoning_contains: str = Field(min_length=1)
+    expect_content_contains: str = Field(min_length=1)
+
+
+class ReasoningCarryProbe(ChatProbe):
+    """Thinking on, with tools: the reasoning of the tool-call turn must reach the next prompt."""
+
+    thinking: bool = True
+    expect_reasoning_contains: str = Field(min_length=1)
+    expect_call: ExpectedCall
+    round_trip: ToolRoundTrip
+    carry_field: Literal["reasoning_content", "reasoning"] = "reasoning_content"
+    """The assistant-message field the reasoning is sent back in (DeepSeek's contract: reasoning_content)."""
+
+
+class ReasoningSpec(StrictModel):
+    kind: Literal["reasoning"]
+    description: str = ""
+    timeout_s: float = Field(default=120.0, gt=0)
+    split_probes: list[ReasoningSplitProbe] = Field(default_factory=list)
+    carry_probes: list[ReasoningCarryProbe] = Field(default_factory=list)
+    stream: bool = True
+    """Also send each split probe streamed: the reasoning parser splits streams with separate code."""
+
+    @model_validator(mode="after")
+    def _some_probe(self) -> ReasoningSpec:
+        if not self.split_probes and not self.carry_probes:
+            raise ValueError("a reasoning guard needs split_probes or carry_probes")
+        return self
+
+
+class ReasoningGuard(SpecGuard[ReasoningSpec]):
+    kind = "reasoning"
+
+    def run(self, target: GuardTarget) -> GuardResult:
+        probes = ProbeLog()
+        every: list[ReasoningSplitProbe | ReasoningCarryProbe] = [*self.spec.split_probes, *self.spec.carry_probes]
+        with GuardClient(target, self.spec.timeout_s) as client:
+            for probe in every:
+                probes.check(probe.name, {"probe": probe.name},
+                             functools.partial(_check, client, probe, self.spec.stream))
+        return probes.result(self, f"{len(every)} probe(s) split and carried")
+
+
+KIND = GuardKind("reasoning", ReasoningSpec, ReasoningGuard)
+
+
+def _check(client: GuardClient, probe: ReasoningSplitProbe | ReasoningCarryProbe, stream: bool,
+           record: dict[str, Any]) -> str | None:
+    if isinstance(probe, ReasoningCarryProbe):
+        return _run_carry(client, probe, record)
+    problem = _run_split(client, probe, record)
+    if problem is None and stream:
+        problem = _run_split(client, probe, record, streamed=True)
+    return problem
+
+
+def _split_problem(message: dict[str, Any], expect_reasoning: str) -> str | None:
+    reasoning = message_reasoning(message)
+    content = message.get("content") or ""
+    if not reasoning:
+        markup = raw_markup_in(content)
+        left = f" and raw {markup!r} left in content" if markup else ""
+        return f"no reasoning field in the response{left} (content: {content[:160]!r})"
+    if expect_reasoning not in reasoning:
+        return f"reasoning {reasoning[:160]!r} lacks {expect_reasoning!r}"
+    for text, where in ((reasoning, "reasoning"), (content, "content")):
+        leaked = next((m for m in _THINK_MARKUP if m in text), None)
+        if leaked:
+            return f"{leaked!r} left in {where}: {text[:160]!r}"
+    return None
+
+
+def _run_split(client: GuardClient, probe: ReasoningSplitProbe, record: dict[str, Any], *,
+               streamed: bool = False) -> str | None:
+    message = client.chat_stream(chat_payload(probe)) if streamed else first_message(client.chat(chat_payload(probe)))
+    prefix = "streamed: " if streamed else ""
+    record["streamed_response" if streamed else "response"] = {"reasoning": message_reasoning(message),
+                                                               "content": message.get("content")}
+    problem = _split_problem(message, probe.expect_reasoning_contains)
+    if problem is not None:
+        return prefix + problem
+    content = message.get("content") or ""
+    if probe.expect_content_contains not in content:
+        return f"{prefix}content {content[:160]!r} lacks {probe.expect_content_contains!r}"
+    return None
+
+
+def _run_carry(client: GuardClient, probe: ReasoningCarryProbe, record: dict[str, Any]) -> str | None:
+    message = first_message(client.chat(chat_payload(probe)))
+    reasoning = message_reasoning(message)
+    record["response"] = {"reasoning": reasoning, "content": message.get("content"),
+                          "tool_calls": message.get("tool_calls")}
+    problem = _split_problem(message, probe.expect_reasoning_contains)
+    if problem is None:
+        problem = call_problem(message, probe.expect_call, probe.tools)
+    if problem is not None:
+        return f"first turn: {problem}"
+    echo = assistant_echo(message, reasoning=reasoning, carry_field=probe.carry_field)
+    follow_up = [*probe.messages, echo, tool_result_message(echo, probe.round_trip.tool_result)]
+    payload = {**chat_payload(probe, follow_up, probe.round_trip.max_tokens),
+               "return_prompt_text": True, "return_token_ids": True}
+    body = client.chat(payload)
+    rendered = body.get("prompt_text")
+    if not isinstance(rendered, str) or not rendered:
+        ids = body.get("prompt_token_ids") or []
+        rendered = client.detokenize([int(t) for t in ids]) if ids else ""
+    assert reasoning is not None
+    record["reasoning_in_next_prompt"] = reasoning in rendered
+    if reasoning not in rendered:
+        return (f"the reasoning sent back as {probe.carry_field!r} is missing from the next prompt the server "
+                f"rendered ({len(rendered)} chars); DeepSeek V4 requires it preserved across tool turns")
+    final = first_message(body)
+    content = final.get("content") or ""
+    record["round_trip_response"] = {"reasoning": message_reasoning(final), "content": content}
+    if probe.round_trip.expect_content_contains not in content:
+        return f"round trip answer {content[:160]!r} lacks {probe.round_trip.expect_content_contains!r}"
+    return None

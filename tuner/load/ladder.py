@@ -1,0 +1,390 @@
+"""Measure one launch: a concurrency ladder against a ready server, never relaunching it.
+
+``measure`` is the seam the trial calls. Without a ladder (``objective.ladder`` absent or None) it
+runs one step at the workload's concurrency, as before. With a :class:`LadderSpec` it sends the
+warm-up once, then steps concurrency up (``start``, ``start * factor``, … up to ``max``, or an
+explicit ``steps`` list), each step a fresh measured window of new prompts, and stops when:
+
+- an SLO breaks (or more requests failed than the objective allows) at a step — e.g. once the
+  KV cache is full and requests queue;
+- throughput stops rising: ``patience`` steps in a row without a gain of ``min_gain`` over the best
+  step so far;
+- the client itself saturated (its numbers above that load would rank the client, not the server);
+- the tuner is stopped (``should_stop``).
+
+A step stops early once its SLO is *clearly* lost: for an SLO on ``p<P>`` (or ``median``) of TTFT,
+TPOT or E2E latency, as soon as more requests broke the limit than a ``p<P>`` could hide even if
+every remaining request were instant; for failures, as soon as more failed than the objective
+allows of the planned step. The requests still in flight are recorded as failed ("stopped: …").
+
+The measurement reports the best step that meets every SLO (by the objective's metric); when no
+step does, the lowest step, so the trial records its violations. Each step keeps its own summary
+(``vllm bench serve`` keys, plus server queue-time percentiles), ``/metrics`` counter deltas, the
+gauges sampled during its window (KV usage, running, waiting; engines added up), and the
+client's own load. What the server's ``/metrics`` names mean is the engine's
+(:class:`~tuner.load.metrics.ServerMetrics`); the ladder only scrapes and hands the scrapes over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tuner.load import metrics
+from tuner.load.generator import LoadResult, RequestRecord, WindowPlan, jobs_for, run_window
+from tuner.load.metrics import ServerMetrics
+from tuner.load.poller import Poller
+from tuner.load.pool import ClientPool, auto_processes
+from tuner.objective import LadderSpec, Objective, score
+
+__all__ = ["LadderSpec", "Measurement", "SloWatch", "Step", "ladder_concurrencies", "measure"]
+
+logger = logging.getLogger(__name__)
+
+_RATE_METRICS = ("output_throughput", "total_token_throughput", "request_throughput")
+_PER_REQUEST_SLO = re.compile(r"^(median|p(\d{1,2}(?:\.\d+)?))_(ttft|tpot|e2el)_ms$")
+
+Scrape = Callable[[], Mapping[Any, float]]
+
+
+@dataclass(frozen=True)
+class Step:
+    concurrency: int
+    summary: Mapping[str, Any]
+    server: Mapping[str, Any]
+    result: LoadResult
+    feasible: bool = True
+    violations: tuple[str, ...] = ()
+    early_stop_reason: str = ""
+    client: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self, *, with_requests: bool = True) -> dict[str, Any]:
+        data: dict[str, Any] = {"concurrency": self.concurrency, "feasible": self.feasible,
+                                "violations": list(self.violations), "early_stop_reason": self.early_stop_reason,
+                                "summary": dict(self.summary), "server": dict(self.server),
+                                "client": dict(self.client)}
+        if with_requests:
+            data["requests"] = [asdict(r) for r in self.result.records]
+        return data
+
+
+@dataclass(frozen=True)
+class Measurement:
+    summary: Mapping[str, Any]
+    """The chosen step's summary (``vllm bench serve`` keys), scored by the objective."""
+    server: Mapping[str, Any]
+    """The chosen step's ``/metrics`` counter deltas, speculative-decoding figures, queue time, gauges."""
+    steps: tuple[Step, ...]
+    stopped: bool
+    chosen: int | None = None
+    """Index in ``steps`` of the step reported (None when no step ran)."""
+    stop_reason: str = ""
+    client_saturated: bool = False
+    client_starved: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"summary": dict(self.summary), "server": dict(self.server), "chosen_step": self.chosen,
+                "stop_reason": self.stop_reason, "client_saturated": self.client_saturated,
+                "client_starved": self.client_starved,
+                "steps": [s.to_json() for s in self.steps]}
+
+
+class SloWatch:
+    """Decides, record by record, whether a step's SLOs are already lost for certain."""
+
+    def __init__(self, objective: Objective, planned_requests: int) -> None:
+        self.planned = planned_requests
+        self.max_failed = objective.max_failed_fraction * planned_requests
+        self.rules: list[tuple[str, str, float, int]] = []  # key, metric, limit in ms, violations allowed
+        for key, limit in objective.slos.items():
+            m = _PER_REQUEST_SLO.match(key)
+            if m is None:
+                continue
+            pct = 50.0 if m.group(1) == "median" else float(m.group(2))
+            # numpy's linear percentile interpolates between sorted values at floor(h) and ceil(h),
+            # h = P/100 * (n - 1). Once n - floor(h) values exceed the limit, the one at floor(h)
+            # does too, whatever the rest are: the percentile is over the limit for certain.
+            n = max(1, planned_requests)
+            allowed = n - math.floor(pct / 100.0 * (n - 1)) - 1
+            self.rules.append((key, m.group(3), limit, allowed))
+        self.violations = [0] * len(self.rules)
+        self.failed = 0
+        self.reason = ""
+
+    def add(self, record: RequestRecord) -> bool:
+        """Count one record; True once the step is certainly lost (then :attr:`reason` says why)."""
+        if self.reason:
+            return True
+        if not record.ok:
+            if record.error.startswith("stopped"):
+                return False
+            self.failed += 1
+            if self.failed > self.max_failed:
+                self.reason = f"{self.failed} failed requests > {self.max_failed:g} allowed"
+            return bool(self.reason)
+        for i, (key, metric, limit_ms, allowed) in enumerate(self.rules):
+            value = _request_value(record, metric)
+            # In ms, as the summary and the SLO are: a limit turned into seconds can round below a
+            # request exactly at it, and call a step lost that meets its SLO.
+            if value is not None and value * 1000.0 > limit_ms:
+                self.violations[i] += 1
+                if self.violations[i] > allowed:
+                    self.reason = (f"{key}: {self.violations[i]} of {self.planned} requests over "
+                                   f"{limit_ms:g} ms, more than the {allowed} it allows")
+                    return True
+        return False
+
+
+def _request_value(record: RequestRecord, metric: str) -> float | None:
+    if record.ttft_s is None:
+        return None
+    if metric == "ttft":
+        return record.ttft_s
+    if metric == "e2el":
+        return record.e2e_s
+    if record.output_tokens > 1:
+        return (record.e2e_s - record.ttft_s) / (record.output_tokens - 1)
+    return None
+
+
+def ladder_concurrencies(spec: LadderSpec) -> list[int]:
+    """The concurrencies a ladder tries, in order: ``start · factor^k`` (rounded up) to ``max``."""
+    if spec.steps is not None:
+        return sorted(set(spec.steps))
+    out: list[int] = []
+    value = float(spec.start)
+    while True:
+        c = min(spec.max, math.ceil(value - 1e-9))
+        if not out or c > out[-1]:
+            out.append(c)
+        if c >= spec.max:
+            return out
+        value *= spec.factor
+
+
+class _GaugeSampler(Poller):
+    """Scrapes /metrics every ``interval_s`` in a thread while a window runs."""
+
+    def __init__(self, scrape: Scrape, interval_s: float) -> None:
+        super().__init__("gauge-sampler", interval_s, join_timeout_s=30)
+        self.scrape = scrape
+        self.samples: list[Mapping[Any, float]] = []
+
+    def poll(self) -> bool:
+        try:
+            sample = self.scrape()
+        except Exception:  # a failed scrape is a missing sample, not a failed step
+            logger.debug("gauge scrape failed", exc_info=True)
+            return True
+        if sample:
+            self.samples.append(sample)
+        return True
+
+
+def _percentiles(objective: Objective) -> tuple[float, ...]:
+    """50, 95, 99 and every percentile an SLO or the metric names (``p90_ttft_ms`` needs 90)."""
+    wanted = {50.0, 95.0, 99.0}
+    for key in (*objective.slos, objective.metric):
+        m = re.match(r"^p(\d{1,2}(?:\.\d+)?)_", key)
+        if m:
+            wanted.add(float(m.group(1)))
+    return tuple(sorted(wanted))
+
+
+def _rate_metric(objective: Objective) -> str:
+    return objective.metric if objective.metric in _RATE_METRICS else "output_throughput"
+
+
+def _value(summary: Mapping[str, Any], key: str) -> float:
+    value = float(summary.get(key, math.nan))
+    return value if math.isfinite(value) else math.nan
+
+
+@dataclass
+class _Runner:
+    """Runs windows in this process or in a :class:`ClientPool`."""
+
+    base_url: str
+    model: str
+    objective: Objective
+    vocab_size: int
+    api_key: str | None
+    request_timeout_s: float
+    pool: ClientPool | None = None
+
+    def window(self, plan: WindowPlan, should_stop: Callable[[], bool],
+               on_record: Callable[[RequestRecord], None] | None) -> LoadResult:
+        workload = self.objective.workload
+        if self.pool is not None:
+            return self.pool.run_window(plan, should_stop=should_stop, on_record=on_record)
+        return asyncio.run(run_window(self.base_url, self.model, workload, plan, vocab_size=self.vocab_size,
+                                      api_key=self.api_key, request_timeout_s=self.request_timeout_s,
+                                      should_stop=should_stop, on_record=on_record))
+
+
+def _run_step(runner: _Runner, spec: LadderSpec | None, concurrency: int, first_job: int, requests: int,
+              should_stop: Callable[[], bool], scrape: Scrape, server_metrics: ServerMetrics) -> Step:
+    objective = runner.objective
+    workload = objective.workload
+    plan = WindowPlan(first_job=first_job, jobs=jobs_for(workload, requests), concurrency=concurrency,
+                      request_rate=workload.request_rate)
+    planned = plan.jobs * (workload.agent_spec.turns if workload.kind == "agent" else 1)
+    watch = SloWatch(objective, planned)
+    lost = threading.Event()
+
+    def on_record(record: RequestRecord) -> None:
+        if watch.add(record) and not lost.is_set():
+            logger.info("ladder: concurrency %d: SLO clearly lost (%s); ending the step", concurrency, watch.reason)
+            lost.set()
+
+    early = spec.early_stop if spec is not None else False
+
+    def stop_window() -> bool:
+        return should_stop() or lost.is_set()
+
+    before = scrape()
+    with _GaugeSampler(scrape, spec.gauge_interval_s if spec else 0.5) as sampler:
+        result = runner.window(plan, stop_window if early else should_stop, on_record if early else None)
+    outer_stopped = result.stopped and should_stop()
+    after = scrape() if not outer_stopped else {}
+    server = server_metrics.window(before, after, sampler.samples)
+    summary: dict[str, Any] = dict(metrics.summarize(result, _percentiles(objective)))
+    summary["max_concurrency"] = concurrency
+    if server["queue"]:
+        summary.update({k: v for k, v in server["queue"].items() if k.endswith("_queue_ms")})
+    client = result.client.to_json() if result.client is not None else {}
+    verdict = score(objective, summary)
+    violations = verdict.violations
+    early_reason = watch.reason if lost.is_set() else ""
+    if early_reason:
+        violations = (*violations, f"step cut early: {early_reason}")
+    feasible = verdict.feasible and not early_reason
+    return Step(concurrency=concurrency, summary=summary, server=server,
+                result=LoadResult(records=result.records, duration_s=result.duration_s, concurrency=concurrency,
+                                  request_rate=result.request_rate, stopped=outer_stopped, client=result.client),
+                feasible=feasible, violations=tuple(violations), early_stop_reason=early_reason, client=client)
+
+
+def _warmup(runner: _Runner, concurrency: int, should_stop: Callable[[], bool]) -> bool:
+    """Send the warm-up prompts; False when the tuner was stopped during it."""
+    workload = runner.objective.workload
+    if not workload.warmup_prompts:
+        return True
+    plan = WindowPlan(0, workload.warmup_prompts, concurrency, None, warmup=True)
+    warm = runner.window(plan, should_stop, None)
+    failed = [r.error for r in warm.records if not r.ok]
+    logger.info("ladder: %d warm-up requests in %.2f s, %d failed", len(warm.records), warm.duration_s, len(failed))
+    if failed:
+        logger.warning("ladder: warm-up request failed: %s", failed[0])
+    return not warm.stopped
+
+
+def _choose(objective: Objective, steps: list[Step]) -> int | None:
+    if not steps:
+        return None
+    feasible = [i for i, s in enumerate(steps) if s.feasible and not s.result.stopped]
+    if not feasible:
+        return 0
+    sign = 1.0 if objective.direction == "maximize" else -1.0
+
+    def key(i: int) -> float:
+        value = _value(steps[i].summary, objective.metric)
+        return sign * value if not math.isnan(value) else -math.inf
+
+    return max(feasible, key=key)
+
+
+def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int, api_key: str | None,
+            should_stop: Callable[[], bool], scrape: Scrape, server_metrics: ServerMetrics,
+            request_timeout_s: float = 600.0) -> Measurement:
+    """Run the objective's load (one step, or its ladder) and pick the step the trial is scored by.
+
+    ``scrape`` reads the server's ``/metrics`` page; ``server_metrics`` (the engine's) says what the
+    scrapes mean for each window.
+    """
+    spec: LadderSpec | None = getattr(objective, "ladder", None)
+    if spec is not None and not isinstance(spec, LadderSpec):
+        spec = LadderSpec.model_validate(spec)
+    workload = objective.workload
+    concurrencies = ladder_concurrencies(spec) if spec is not None else [workload.concurrency]
+    processes = 1
+    if spec is not None:
+        processes = (auto_processes(max(concurrencies), spec.streams_per_process)
+                     if spec.client_processes == "auto" else spec.client_processes)
+    runner = _Runner(base_url=base_url, model=model, objective=objective, vocab_size=vocab_size,
+                     api_key=api_key, request_timeout_s=request_timeout_s)
+    pool = (ClientPool(processes, base_url=base_url, model=model, workload=workload, vocab_size=vocab_size,
+                       api_key=api_key, request_timeout_s=request_timeout_s) if processes > 1 else None)
+    steps: list[Step] = []
+    stop_reason = ""
+    try:
+        if pool is not None:
+            pool.start()
+            runner.pool = pool
+        if not _warmup(runner, concurrencies[0], should_stop):
+            return Measurement(summary=metrics.summarize(LoadResult((), 0.0, concurrencies[0], None, True)),
+                               server={}, steps=(), stopped=True, stop_reason="stopped during warm-up")
+        rate_key = _rate_metric(objective)
+        best_rate = -math.inf
+        stale = 0
+        first_job = 0
+        for concurrency in concurrencies:
+            requests = workload.num_prompts if spec is None else max(
+                workload.num_prompts, math.ceil(concurrency * spec.prompts_per_concurrency))
+            step = _run_step(runner, spec, concurrency, first_job, requests, should_stop, scrape, server_metrics)
+            first_job += jobs_for(workload, requests)
+            steps.append(step)
+            rate = _value(step.summary, rate_key)
+            logger.info("ladder: concurrency %d: %s %.1f, %s%s", concurrency, rate_key, rate,
+                        "meets the SLOs" if step.feasible else "; ".join(step.violations),
+                        " (client saturated)" if step.client.get("client_saturated") else "")
+            if step.client.get("client_starved"):
+                logger.warning("ladder: at concurrency %d the load generator was kept off the CPU (loop lag "
+                               "p99 %.0f ms at %.0f%% CPU); its figures include that wait. Give it its own "
+                               "cores: server.client_cpus in the hardware profile", concurrency,
+                               step.client.get("client_loop_lag_p99_ms", 0.0),
+                               100 * step.client.get("client_cpu_share", 0.0))
+            if step.result.stopped:
+                stop_reason = "the tuner was stopped"
+                break
+            if not step.feasible:
+                stop_reason = f"SLO broken at concurrency {concurrency}"
+                break
+            if spec is not None and step.client.get("client_saturated") and spec.stop_on_client_saturation:
+                stop_reason = f"load generator saturated at concurrency {concurrency}"
+                logger.warning("ladder: %s (cpu %.0f%%, loop lag p99 %.0f ms); higher steps would measure "
+                               "the client", stop_reason, 100 * step.client.get("client_cpu_share", 0.0),
+                               step.client.get("client_loop_lag_p99_ms", 0.0))
+                break
+            if spec is not None:
+                if rate > best_rate * (1.0 + spec.min_gain) or best_rate == -math.inf:
+                    stale = 0
+                else:
+                    stale += 1
+                    if stale >= spec.patience:
+                        stop_reason = f"throughput stopped rising at concurrency {concurrency}"
+                        best_rate = max(best_rate, rate)
+                        break
+                best_rate = max(best_rate, rate) if not math.isnan(rate) else best_rate
+        else:
+            stop_reason = "ran every step" if spec is not None else "single step"
+    finally:
+        if pool is not None:
+            pool.close()
+    chosen = _choose(objective, steps)
+    stopped = any(s.result.stopped for s in steps)
+    if chosen is None:
+        return Measurement(summary={}, server={}, steps=(), stopped=stopped, stop_reason=stop_reason)
+    best = steps[chosen]
+    saturated = any(bool(s.client.get("client_saturated")) for s in steps)
+    starved = any(bool(s.client.get("client_starved")) for s in steps)
+    logger.info("ladder: reporting concurrency %d (%s)", best.concurrency, stop_reason)
+    return Measurement(summary=best.summary, server={**best.server, "client": dict(best.client)},
+                       steps=tuple(steps), stopped=stopped, chosen=chosen, stop_reason=stop_reason,
+                       client_saturated=saturated, client_starved=starved)

@@ -1,0 +1,283 @@
+"""What a night on this node can hold: ``dsv4-tune plan``.
+
+:func:`build_plan` sizes a hardware profile's search space, samples it with a seeded random source to
+find the share the feasibility model lets through, tabulates KV capacity and concurrency per
+topology, lists the baseline trials, and divides a time budget by the profile's per-trial estimate.
+:func:`format_plan` renders that as markdown. Both are pure: the CLI prints.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.engines import Engine, default_engine
+from tuner.objective import Workload, load_objective
+from tuner.search.checkpoints import Checkpoint, WeightSplit, load_checkpoint
+from tuner.search.feasibility import GIB, Feasibility, check
+from tuner.search.profile import (
+    DRAFT_TOKENS_PARAM,
+    TOPOLOGY_PARAM,
+    HardwareProfile,
+    Lever,
+    Scalar,
+    bind_checkpoint,
+    load_profile,
+    parse_topology,
+)
+from tuner.search.space import FixedParams, RandomParams, ServeConfig, build_config, suggest
+
+DEFAULT_SAMPLES = 400
+DEFAULT_WORKLOAD = Workload(input_len=1024, output_len=1024, num_prompts=4096, concurrency=2048)
+"""Without an objective: the blog's benchmark (random ISL/OSL 1024/1024)."""
+
+
+@dataclass(frozen=True)
+class TopologyRow:
+    topology: str
+    ok: bool
+    reason: str
+    weights_gib_per_rank: float
+    kv_gib_per_rank: float
+    kv_tokens_per_rank: int
+    kv_tokens_total: int
+    max_concurrency: int
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+    name: str
+    note: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    ok: bool
+    reason: str
+    max_concurrency: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: str
+    description: str
+    checkpoint: str
+    checkpoint_repo: str
+    draft: str
+    objective: str | None
+    workload_tokens: tuple[int, int]
+    space_size: int | None
+    """Distinct points (``None``: a continuous lever makes it infinite)."""
+    samples: int
+    feasible_share: float
+    top_rejections: tuple[tuple[str, int], ...]
+    topologies: tuple[TopologyRow, ...]
+    baselines: tuple[BaselineRow, ...]
+    per_trial_s: float
+    budget_s: float | None
+    trials_in_budget: int | None
+
+
+def space_size(profile: HardwareProfile) -> int | None:
+    """Exact number of distinct points, honouring ``when`` conditions (define-by-run order)."""
+    names = profile.param_names()
+    conditioning = {other for lever in profile.levers.values() for other in (lever.when or {})}
+
+    def domain(name: str) -> Lever | None:
+        return profile.lever(name)
+
+    def count(i: int, chosen: dict[str, Scalar]) -> int | None:
+        if i == len(names):
+            return 1
+        name = names[i]
+        lever = profile.levers.get(name)
+        if lever is not None and lever.when and not all(
+                _context(profile, chosen).get(k) in v for k, v in lever.when.items()):
+            return count(i + 1, chosen)
+        dom = domain(name)
+        assert dom is not None
+        size = dom.domain_size()
+        if size is None:
+            return None
+        if name in conditioning or name == TOPOLOGY_PARAM:
+            total = 0
+            for value in _values(dom):
+                sub = count(i + 1, {**chosen, name: value})
+                if sub is None:
+                    return None
+                total += sub
+            return total
+        rest = count(i + 1, chosen)
+        return None if rest is None else size * rest
+
+    return count(0, {})
+
+
+def _values(lever: Lever) -> list[Scalar]:
+    if lever.choices is not None:
+        return list(lever.choices)
+    assert lever.int_range is not None
+    low, high = lever.int_range
+    return list(range(low, high + 1, lever.step or 1))
+
+
+def _context(profile: HardwareProfile, chosen: dict[str, Scalar]) -> dict[str, Scalar]:
+    out = dict(chosen)
+    if TOPOLOGY_PARAM in chosen:
+        out.update(parse_topology(str(chosen[TOPOLOGY_PARAM])).derived())
+    return out
+
+
+def _largest(lever: Lever | None) -> Scalar | None:
+    if lever is None:
+        return None
+    if lever.choices is not None:
+        numbers = [c for c in lever.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        return max(numbers) if numbers else None
+    if lever.int_range is not None:
+        return lever.int_range[1]
+    return lever.float_range[1] if lever.float_range is not None else None
+
+
+def _topology_rows(profile: HardwareProfile, ckpt: Checkpoint, workload: Workload) -> list[TopologyRow]:
+    """Each shape at the most KV-friendly settings: highest utilization and seq cap, no draft."""
+    base: dict[str, Scalar] = {}
+    if profile.baselines:
+        base.update(profile.baselines[0].values)
+    for name in ("gpu-memory-utilization", "max-num-seqs", "kv-cache-memory-bytes"):
+        top = _largest(profile.levers.get(name))
+        if top is not None:
+            base[name] = top
+    if profile.speculative is not None:
+        base[DRAFT_TOKENS_PARAM] = 0
+    rows: list[TopologyRow] = []
+    for shape in profile.topologies():
+        params = {**base, TOPOLOGY_PARAM: shape.name} if profile.topology is not None else base
+        config = suggest(profile, FixedParams(params))
+        verdict = check(profile, config, ckpt, workload)
+        rows.append(TopologyRow(
+            topology=shape.name, ok=verdict.ok, reason=verdict.reason,
+            weights_gib_per_rank=round(verdict.memory.weights_bytes / GIB, 1),
+            kv_gib_per_rank=round(max(0, verdict.memory.kv_bytes) / GIB, 1),
+            kv_tokens_per_rank=verdict.kv_tokens_per_rank, kv_tokens_total=verdict.kv_tokens_total,
+            max_concurrency=verdict.max_concurrency))
+    return rows
+
+
+def _first_clause(reason: str) -> str:
+    """The first reason, numbers masked, so like rejections count together."""
+    head = reason.split(";")[0]
+    head = head.split(":")[0] if head.startswith("does not fit") else head
+    return re.sub(r"\d+(\.\d+)?", "N", head)
+
+
+def sample_feasibility(profile: HardwareProfile, ckpt: Checkpoint, workload: Workload,
+                       samples: int = DEFAULT_SAMPLES, seed: int = 0) -> tuple[float, list[tuple[str, int]]]:
+    """Share of uniformly sampled points the model accepts, and the commonest rejection reasons."""
+    source = RandomParams(seed)
+    accepted = 0
+    reasons: dict[str, int] = {}
+    for _ in range(samples):
+        verdict: Feasibility = check(profile, suggest(profile, source), ckpt, workload)
+        if verdict.ok:
+            accepted += 1
+        else:
+            key = _first_clause(verdict.reason)
+            reasons[key] = reasons.get(key, 0) + 1
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:5]
+    return accepted / samples if samples else 0.0, top
+
+
+def _baseline_rows(profile: HardwareProfile, ckpt: Checkpoint, workload: Workload,
+                   engine: Engine) -> list[BaselineRow]:
+    rows: list[BaselineRow] = []
+    for base in profile.baselines:
+        config: ServeConfig = build_config(profile, base.values)
+        verdict = check(profile, config, ckpt, workload)
+        rows.append(BaselineRow(name=base.name, note=base.note, argv=tuple(engine.flags(config.args)),
+                                env=tuple(sorted(config.env.items())), ok=verdict.ok, reason=verdict.reason,
+                                max_concurrency=verdict.max_concurrency))
+    return rows
+
+
+def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoint: str | None,
+               *, samples: int = DEFAULT_SAMPLES, seed: int = 0, engine: Engine | None = None) -> Plan:
+    """Everything ``dsv4-tune plan`` shows, computed without launching anything (flags as ``engine`` spells them)."""
+    raw = load_profile(hw)
+    workload = DEFAULT_WORKLOAD
+    if objective is not None:
+        workload = load_objective(objective).workload
+    ckpt_name = checkpoint or raw.server.checkpoint
+    if raw.hardware.accelerator == "cpu" and checkpoint is None:
+        profile = raw
+        ckpt = _cpu_checkpoint()
+    else:
+        ckpt = load_checkpoint(ckpt_name)
+        profile = bind_checkpoint(raw, ckpt)
+    share, top = sample_feasibility(profile, ckpt, workload, samples, seed)
+    per_trial = profile.server.expected_launch_s + profile.server.expected_measure_s
+    trials = None if budget_s is None else max(0, math.floor(budget_s / per_trial))
+    spec = profile.speculative
+    draft = "off (checkpoint carries none, or the profile has no settings for it)" if spec is None else (
+        f"{spec.method}, draft tokens {list(_values(spec.draft_tokens))}"
+        if spec.draft_tokens.float_range is None else spec.method)
+    return Plan(
+        profile=profile.name, description=profile.description, checkpoint=ckpt.name or "(none)",
+        checkpoint_repo=ckpt.repo, draft=draft, objective=objective,
+        workload_tokens=(workload.input_len, workload.output_len), space_size=space_size(profile),
+        samples=samples, feasible_share=share, top_rejections=tuple(top),
+        topologies=tuple(_topology_rows(profile, ckpt, workload)),
+        baselines=tuple(_baseline_rows(profile, ckpt, workload, engine or default_engine())),
+        per_trial_s=per_trial, budget_s=budget_s, trials_in_budget=trials)
+
+
+def _cpu_checkpoint() -> Checkpoint:
+    """The CPU demo serves a tiny generated model: a negligible 'checkpoint' for the model."""
+    return Checkpoint(name="demo", repo="demo (generated tiny model)", size_gb=0.01, routed_experts_gb=0.001,
+                      weights=WeightSplit(routed_experts="bf16", attention="bf16"), kv_bytes_per_token=2048)
+
+
+def _md_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as markdown, for a terminal or a file."""
+    isl, osl = plan.workload_tokens
+    size = "infinite (continuous lever)" if plan.space_size is None else f"{plan.space_size:,}"
+    out = [f"# Plan: {plan.profile}", "", plan.description, "",
+           f"- checkpoint: **{plan.checkpoint}** (`{plan.checkpoint_repo}`)",
+           f"- speculation: {plan.draft}",
+           f"- workload: ISL {isl} + OSL {osl}" + (f" (objective {plan.objective})" if plan.objective else
+                                                   " (the blog's benchmark; pass --objective to change)"),
+           f"- space: {size} points; feasible share {plan.feasible_share:.0%} of {plan.samples} seeded samples",
+           ""]
+    if plan.top_rejections:
+        out += ["Commonest reasons a sampled point is pruned before launch:", ""]
+        out += [f"- {count}× {reason}" for reason, count in plan.top_rejections] + [""]
+    out += ["## KV capacity by topology", "",
+            "At the highest gpu-memory-utilization and max-num-seqs in the space, speculation off.", "",
+            _md_table(["topology", "fits", "weights GiB/rank", "KV GiB/rank", "KV tokens/rank",
+                       "KV tokens total", f"max concurrency @ {isl + osl}"],
+                      [[r.topology, "yes" if r.ok else f"no: {r.reason}", r.weights_gib_per_rank,
+                        r.kv_gib_per_rank, f"{r.kv_tokens_per_rank:,}", f"{r.kv_tokens_total:,}",
+                        r.max_concurrency] for r in plan.topologies]), ""]
+    out += ["## Baseline trials (enqueued first)", ""]
+    if not plan.baselines:
+        out += ["(none for this checkpoint)", ""]
+    for b in plan.baselines:
+        verdict = "feasible" if b.ok else f"pruned: {b.reason}"
+        out += [f"- **{b.name}** — {b.note} ({verdict}; max concurrency {b.max_concurrency})",
+                f"  `{' '.join(b.argv)}`"]
+        if b.env:
+            out.append("  env: " + " ".join(f"{k}={v}" for k, v in b.env))
+    out += ["", "## Budget", "",
+            f"- per trial: ~{plan.per_trial_s / 60:.0f} min (launch + guards + load, from the profile)"]
+    if plan.budget_s is not None and plan.trials_in_budget is not None:
+        out.append(f"- budget {plan.budget_s / 3600:.1f} h → about {plan.trials_in_budget} trials "
+                   f"({len(plan.baselines)} baselines first; a speculative trial also runs its control)")
+    else:
+        out.append("- pass --budget to see how many trials fit")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,120 @@
+"""Checks that run before a launch, so no launch is spent on a configuration that cannot work.
+
+1. The feasibility model (memory, KV capacity, rules), where the study serves a catalogued checkpoint;
+   its KV bytes per token is refitted to every launched trial's logged KV capacity (:meth:`observe`).
+2. The engine's own argument checks (``Engine.validate``; vLLM's parser and engine-args checks),
+   where the engine can run them in this environment (``prevalidate``: ``auto`` = when it can,
+   ``on`` = required, ``off`` = never; turn it off when ``--vllm-cmd`` runs another vLLM version,
+   e.g. in a container).
+
+A refused configuration is recorded as a trial that violated its constraints, with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tuner.engines import Engine, default_engine
+from tuner.errors import UsageError
+from tuner.failures import FailureClass
+from tuner.objective import Objective
+from tuner.search import feasibility
+from tuner.search.checkpoints import Checkpoint
+from tuner.search.feasibility import KvCalibration, fit_kv_bytes_per_token
+from tuner.search.profile import HardwareProfile
+from tuner.search.space import ServeConfig
+
+__all__ = ["LaunchTarget", "PreLaunch", "Refusal"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    failure_class: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class LaunchTarget(Protocol):
+    """Where a configuration would launch (a :class:`~tuner.trial.TrialContext` is one)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def vllm_cmd(self) -> Sequence[str]: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int | None: ...
+
+    @property
+    def served_model_name(self) -> str: ...
+
+
+class PreLaunch:
+    def __init__(self, profile: HardwareProfile, checkpoint: Checkpoint | None, objective: Objective,
+                 prevalidate: str, engine: Engine | None = None) -> None:
+        self.profile = profile
+        self.checkpoint = checkpoint
+        self.objective = objective
+        self.engine = engine if engine is not None else default_engine()
+        self.validate = self._decide_validation(prevalidate)
+        self.kv_observations: list[tuple[Mapping[str, Any], int]] = []
+        self.calibration: KvCalibration | None = None
+        self.observed_trials: set[int] = set()
+
+    def observe(self, args: Mapping[str, Any], kv_tokens_per_rank: int | None, trial: int | None = None) -> None:
+        """Learn from a launched trial's KV capacity (its server log); refits the bytes per token.
+
+        ``trial`` (its Optuna number) makes this idempotent: a trial already learnt is not counted twice.
+        """
+        if kv_tokens_per_rank is None or self.checkpoint is None or trial in self.observed_trials:
+            return
+        if trial is not None:
+            self.observed_trials.add(trial)
+        self.kv_observations.append((dict(args), kv_tokens_per_rank))
+        fitted = fit_kv_bytes_per_token(self.profile, self.checkpoint, self.kv_observations)
+        if fitted is not None and fitted != self.calibration:
+            log.info("feasibility: %s (spread %.0f%%)", fitted.describe(), 100 * fitted.spread)
+        self.calibration = fitted
+
+    def _decide_validation(self, mode: str) -> bool:
+        if mode == "off":
+            return False
+        available = self.engine.can_validate()
+        if mode == "on" and not available:
+            raise UsageError(f"--prevalidate on, but {self.engine.title} cannot be imported here. Fix: install "
+                             f"{self.engine.title} in the tuner's environment, or use --prevalidate off")
+        return available
+
+    def check(self, config: ServeConfig, ctx: LaunchTarget) -> Refusal | None:
+        if self.checkpoint is not None:
+            verdict = feasibility.check(self.profile, config, self.checkpoint, self.objective.workload,
+                                        self.calibration)
+            if not verdict.ok:
+                basis = self.calibration.describe() if self.calibration else "default KV bytes/token, not yet fitted"
+                return Refusal(FailureClass.INFEASIBLE.value,
+                               f"pruned by the feasibility model ({basis}): {verdict.reason}",
+                               {"kv_tokens_per_rank": verdict.kv_tokens_per_rank,
+                                "max_concurrency": verdict.max_concurrency,
+                                "memory_gib": verdict.memory.as_gib(),
+                                "kv_bytes_per_token_fp8": self.calibration.base if self.calibration else None})
+        if self.validate:
+            options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=ctx.port or 8000,
+                                               served_model_name=ctx.served_model_name)
+            problems = ctx.engine.validate(options)
+            if problems:
+                return Refusal(FailureClass.BAD_FLAG.value,
+                               f"rejected by {ctx.engine.title}'s own argument checks before launch: "
+                               + "; ".join(problems), {"problems": problems})
+        return None

@@ -1,0 +1,517 @@
+"""Hardware profiles: the schema of ``search_spaces/<hw>.yaml`` (``--hw``) and the rules a profile must keep.
+
+The folder is called ``search_spaces/`` because a hardware profile is, above all, the space of
+launches legal on one node type; the thing in it is a *hardware profile*, in the CLI, the code
+(:class:`HardwareProfile`) and the docs alike.
+
+A profile states the node, the flags every trial gets, and the levers to search. A lever is named by
+its vLLM option (``max-num-seqs``) or, for a field inside a JSON option, by a dotted name
+(``compilation-config.cudagraph_mode``). :mod:`tuner.search.space` turns a profile into configurations.
+
+Beyond plain levers a profile may declare:
+
+- ``topology``: the TP × DP (× EP) shapes to try, spelled ``tp4``, ``dp4-ep``, ``tp2-dp2-ep``; each
+  must use every GPU (TP × DP = ``hardware.device_count``). ``when`` conditions may name the derived
+  keys ``topology.tp``, ``topology.dp`` and ``topology.ep``.
+- ``env_for`` on a lever: environment a value needs (the blog's Humming W4A8 MoE backend).
+- ``speculative.methods``: draft settings per method; :func:`bind_checkpoint` keeps the one the
+  chosen checkpoint carries (DSpark for 0731, MTP for the preview), so a mismatch cannot be sampled.
+- ``cudagraph``: derive ``max_cudagraph_capture_size`` from max-num-seqs × (1 + draft tokens),
+  rounded to a multiple of 1 + k, so vLLM has nothing to round silently.
+
+Hardware rules (Blackwell-only values, MTP on Hopper capped at one draft token) are checked when a
+profile loads; a profile that breaks one is a :class:`~tuner.errors.CatalogError` naming the key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tuner import catalog
+from tuner.errors import CatalogError, ProfileRuleError
+from tuner.search.checkpoints import Checkpoint
+
+Scalar = str | int | float | bool
+DRAFT_TOKENS_PARAM = "speculative.draft_tokens"
+SPECULATIVE_OPTION = "speculative-config"
+TOPOLOGY_PARAM = "topology"
+TOPOLOGY_KEYS = ("topology.tp", "topology.dp", "topology.ep")
+CAPTURE_OPTION = "compilation-config.max_cudagraph_capture_size"
+
+Generation = Literal["cpu", "hopper", "blackwell", "blackwell_ultra", "blackwell_rtx", "cdna3", "other"]
+_BLACKWELL_DC = frozenset({"blackwell", "blackwell_ultra"})
+_AMD = frozenset({"cdna3"})
+_NVIDIA = frozenset({"hopper", "blackwell", "blackwell_ultra", "blackwell_rtx"})
+
+_GENERATIONS_OF_VALUES: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
+    # vllm/config/kernel.py MoEBackend docstrings (vLLM 0.32.0)
+    ("moe-backend", ("flashinfer_trtllm", "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm"),
+     _BLACKWELL_DC),
+    ("moe-backend", ("flashinfer_b12x", "b12x"), frozenset({"blackwell_rtx"})),
+    ("moe-backend", ("hpc",), frozenset({"hopper"})),
+    ("moe-backend", ("aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16", "flydsl"), _AMD),
+    ("moe-backend", ("humming", "marlin"), _NVIDIA),
+    # vllm/config/attention.py: quantized indexer caches need backend support; the dossier's
+    # GB300 recipe (use_fp4_indexer_cache, renamed indexer_kv_dtype in 0.32) is Blackwell-only.
+    ("attention-config.indexer_kv_dtype", ("mxfp4", "nvfp4"), _BLACKWELL_DC),
+    ("sparse-indexer-topk-backend", ("deep_select",), _BLACKWELL_DC),
+    ("all2all-backend", ("deepep_high_throughput", "deepep_low_latency"), _NVIDIA),
+    ("all2all-backend", ("mori_high_throughput", "mori_low_latency"), _AMD),
+)
+VALUE_GENERATIONS: dict[tuple[str, str], frozenset[str]] = {
+    (option, value): generations for option, values, generations in _GENERATIONS_OF_VALUES for value in values}
+"""Lever values legal only on some GPU generations: (option, value) → generations."""
+
+VALUES_NEEDING_EP: frozenset[tuple[str, str]] = frozenset({
+    ("moe-backend", "flashinfer_moe_ep_cutedsl"),
+    ("moe-backend", "flashinfer_moe_ep_mega_deep_gemm"),
+    ("moe-backend", "aiter_mega_moe"),
+})
+"""Values vLLM accepts only with expert parallelism (kernel.py); rejected by the feasibility check."""
+
+MAX_DRAFT_TOKENS: dict[tuple[str, str], int] = {
+    # W4A16-FP8-MTP model card, "Honest limitations" 1: DeepGEMM's paged MQA logits kernel asserts
+    # next_n in {1, 2} and vLLM passes next_n = k + 1, so k <= 1 (H200 and SM120 builds).
+    ("mtp", "hopper"): 1,
+    ("mtp", "blackwell_rtx"): 1,
+}
+"""(speculative method, generation) → most draft tokens that run."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One parallel shape: TP ranks per replica, DP replicas, expert parallelism on or off."""
+
+    tp: int
+    dp: int
+    ep: bool
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def name(self) -> str:
+        parts = [f"tp{self.tp}"] if self.tp > 1 or self.dp == 1 else []
+        if self.dp > 1:
+            parts.append(f"dp{self.dp}")
+        if self.ep:
+            parts.append("ep")
+        return "-".join(parts)
+
+    def derived(self) -> dict[str, Scalar]:
+        return {"topology.tp": self.tp, "topology.dp": self.dp, "topology.ep": self.ep}
+
+
+_TOPOLOGY_PART = re.compile(r"^(tp|dp)([1-9][0-9]*)$")
+
+
+def parse_topology(text: str) -> Topology:
+    """``"tp2-dp4-ep"`` → Topology(2, 4, True). Missing tp/dp mean 1; ``ep`` turns on EP."""
+    tp = dp = 0
+    ep = False
+    for part in text.strip().lower().split("-"):
+        match = _TOPOLOGY_PART.match(part)
+        if part == "ep" and not ep:
+            ep = True
+        elif match and match.group(1) == "tp" and not tp:
+            tp = int(match.group(2))
+        elif match and match.group(1) == "dp" and not dp:
+            dp = int(match.group(2))
+        else:
+            raise ValueError(f"topology {text!r}: cannot read {part!r}; write e.g. tp4, dp4-ep, tp2-dp2-ep")
+    return Topology(tp=tp or 1, dp=dp or 1, ep=ep)
+
+
+def topology_of(args: Mapping[str, Any]) -> Topology:
+    """The topology a vLLM option mapping launches (defaults: TP 1, DP 1, EP off)."""
+    return Topology(tp=int(args.get("tensor-parallel-size", 1)), dp=int(args.get("data-parallel-size", 1)),
+                    ep=bool(args.get("enable-expert-parallel", False)))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hardware(_Strict):
+    accelerator: Literal["cpu", "nvidia", "amd"] = "nvidia"
+    device_name: str
+    device_count: int = Field(ge=1)
+    memory_per_device_gb: float = Field(gt=0)
+    interconnect: str = "unknown"
+    architecture: str = "unknown"
+    generation: Generation = "other"
+    """GPU generation, for the hardware rules (Blackwell-only values, MTP draft caps)."""
+
+
+class Server(_Strict):
+    host: str = "127.0.0.1"
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    model: str | None = None
+    fixed: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    checkpoint: str | None = None
+    """Default checkpoint catalog name (``search_spaces/_checkpoints.yaml``) for ``--checkpoint``."""
+    expected_launch_s: float = Field(default=900.0, gt=0)
+    """Typical time from launch to /health 200 (a DSV4 load is 10–20 min); used to plan a budget."""
+    expected_measure_s: float = Field(default=300.0, gt=0)
+    """Typical time for guards + load ladder of one trial; used to plan a budget."""
+    client_cpus: int = Field(default=0, ge=0)
+    """Cores kept for the load generator and guards; the server runs on the others (0: no split).
+    On the CPU build the server's OpenMP threads are bound to its cores too (tuner/affinity.py)."""
+
+
+class Lever(_Strict):
+    """One searchable lever. Exactly one of ``choices``, ``int`` or ``float``."""
+
+    choices: list[Scalar] | None = None
+    int_range: tuple[int, int] | None = Field(default=None, alias="int")
+    float_range: tuple[float, float] | None = Field(default=None, alias="float")
+    step: int | None = Field(default=None, ge=1)
+    log: bool = False
+    when: dict[str, list[Scalar]] | None = None
+    env: str | None = None
+    """If set, the value goes to this environment variable instead of a vLLM flag."""
+    env_for: dict[str, dict[str, str]] = Field(default_factory=dict)
+    """Environment a value needs, e.g. ``{humming: {VLLM_HUMMING_MOE_GEMM_TYPE: indexed}}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def domain_size(self) -> int | None:
+        """How many values the lever can take (``None`` for a continuous range)."""
+        if self.choices is not None:
+            return len(self.choices)
+        if self.int_range is not None:
+            return (self.int_range[1] - self.int_range[0]) // (self.step or 1) + 1
+        return None
+
+    def contains(self, value: Scalar) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        if self.int_range is not None:
+            low, high = self.int_range
+            return (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+                    and (value - low) % (self.step or 1) == 0)
+        assert self.float_range is not None
+        return isinstance(value, (int, float)) and self.float_range[0] <= float(value) <= self.float_range[1]
+
+    @model_validator(mode="after")
+    def _one_domain(self) -> Lever:
+        given = [x for x in (self.choices, self.int_range, self.float_range) if x is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of 'choices', 'int: [low, high]' or 'float: [low, high]'")
+        if self.choices is not None and len(self.choices) == 0:
+            raise ValueError("'choices' is empty; list at least one value")
+        for rng in (self.int_range, self.float_range):
+            if rng is not None and rng[0] > rng[1]:
+                raise ValueError(f"empty range [{rng[0]}, {rng[1]}]: low must not exceed high")
+            if rng is not None and self.log and rng[0] <= 0:
+                raise ValueError("a log-scale range must start above 0")
+        for value in self.env_for:
+            if self.choices is not None and value not in {str(c) for c in self.choices}:
+                raise ValueError(f"env_for names {value!r}, which is not one of the choices")
+        return self
+
+
+class TopologyLever(_Strict):
+    """The parallel shapes to search: ``choices: [tp4, tp2-dp2-ep, dp4-ep]``."""
+
+    choices: list[str] = Field(min_length=1)
+
+    def parsed(self) -> list[Topology]:
+        return [parse_topology(c) for c in self.choices]
+
+
+class SpeculativeVariant(_Strict):
+    """Draft settings for one speculative method (picked by the checkpoint)."""
+
+    draft_tokens: Lever
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class Speculative(_Strict):
+    """Speculative decoding: a method and its draft count, 0 meaning off.
+
+    ``methods`` holds settings for other methods; :func:`bind_checkpoint` swaps in the one the
+    checkpoint carries.
+    """
+
+    method: str
+    draft_tokens: Lever
+    config: dict[str, Any] = Field(default_factory=dict)
+    methods: dict[str, SpeculativeVariant] = Field(default_factory=dict)
+
+    def variant(self, method: str) -> SpeculativeVariant | None:
+        if method == self.method:
+            return SpeculativeVariant(draft_tokens=self.draft_tokens, config=self.config)
+        return self.methods.get(method)
+
+
+class CudagraphRule(_Strict):
+    """Derive the CUDA-graph capture ceiling from max-num-seqs and the draft count.
+
+    A uniform decode step of N sequences with k draft tokens is N·(1+k) tokens, so graphs above
+    max-num-seqs·(1+k) are never replayed by decode; vLLM rounds capture sizes to multiples of 1+k
+    under FULL decode graphs with speculation (config/compilation.py,
+    ``adjust_cudagraph_sizes_for_spec_decode``). The derived size is min(max-num-seqs·(1+k), limit)
+    rounded down to a multiple of 1+k. Not applied when cudagraph_mode is NONE or with enforce-eager.
+    """
+
+    limit: int = Field(default=512, ge=1)
+    """Never capture above this many tokens (vLLM's default ceiling is 512; 1024 on SM100)."""
+
+
+class Baseline(_Strict):
+    name: str
+    values: dict[str, Scalar] = Field(default_factory=dict)
+    note: str = ""
+    checkpoints: list[str] | None = None
+    """Checkpoint names this baseline belongs to (``None`` = any)."""
+
+
+class HardwareProfile(_Strict):
+    name: str
+    description: str = ""
+    hardware: Hardware
+    server: Server = Field(default_factory=Server)
+    topology: TopologyLever | None = None
+    levers: dict[str, Lever] = Field(default_factory=dict)
+    speculative: Speculative | None = None
+    cudagraph: CudagraphRule | None = None
+    baselines: list[Baseline] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> HardwareProfile:
+        for problem in profile_problems(self):
+            raise problem
+        draw_order(self)
+        return self
+
+    def param_names(self) -> list[str]:
+        names = [TOPOLOGY_PARAM] if self.topology is not None else []
+        names += list(self.levers)
+        if self.speculative is not None:
+            names.append(DRAFT_TOKENS_PARAM)
+        return names
+
+    def topologies(self) -> list[Topology]:
+        """The shapes this profile can launch (its fixed flags' shape if it has no topology lever)."""
+        if self.topology is not None:
+            return self.topology.parsed()
+        return [topology_of(self.server.fixed)]
+
+    def lever(self, name: str) -> Lever | None:
+        """The domain of a param name (levers, ``topology`` and the draft count alike)."""
+        if name == TOPOLOGY_PARAM and self.topology is not None:
+            return Lever(choices=list(self.topology.choices))
+        if name == DRAFT_TOKENS_PARAM and self.speculative is not None:
+            return self.speculative.draft_tokens
+        return self.levers.get(name)
+
+
+_TOPOLOGY_OPTIONS = ("tensor-parallel-size", "data-parallel-size", "enable-expert-parallel")
+
+
+def _topology_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
+    out: list[ProfileRuleError] = []
+    gpus = profile.hardware.device_count
+    if profile.topology is not None:
+        for i, text in enumerate(profile.topology.choices):
+            try:
+                shape = parse_topology(text)
+            except ValueError as exc:
+                out.append(ProfileRuleError(f"topology.choices[{i}]", str(exc), "use tpN, dpN and ep joined by '-'"))
+                continue
+            if shape.world != gpus:
+                out.append(ProfileRuleError(
+                    f"topology.choices[{i}]",
+                    f"{text!r} uses TP {shape.tp} × DP {shape.dp} = {shape.world} GPUs, the node has {gpus}",
+                    f"make TP × DP equal hardware.device_count ({gpus}), e.g. tp{gpus} or dp{gpus}-ep"))
+        for option in _TOPOLOGY_OPTIONS:
+            if option in profile.server.fixed or option in profile.levers:
+                where = "server.fixed" if option in profile.server.fixed else "levers"
+                out.append(ProfileRuleError(f"{where}.{option}", "set twice: the topology lever sets it",
+                                            f"remove {option} from {where}"))
+    else:
+        shape = topology_of(profile.server.fixed)
+        if "tensor-parallel-size" not in profile.levers and "data-parallel-size" not in profile.levers \
+                and profile.hardware.accelerator != "cpu" and shape.world != gpus:
+            out.append(ProfileRuleError(
+                "server.fixed.tensor-parallel-size",
+                f"TP {shape.tp} × DP {shape.dp} = {shape.world} GPUs, the node has {gpus}",
+                "add a topology lever or fix tensor-parallel-size / data-parallel-size"))
+    return out
+
+
+def _generation_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
+    out: list[ProfileRuleError] = []
+    gen = profile.hardware.generation
+    for name, lever in profile.levers.items():
+        for value in lever.choices or []:
+            allowed = VALUE_GENERATIONS.get((name, str(value)))
+            if allowed is not None and gen not in allowed:
+                out.append(ProfileRuleError(
+                    f"levers.{name}.choices", f"{value!r} runs only on {', '.join(sorted(allowed))} GPUs, "
+                    f"this profile's hardware.generation is {gen!r}", f"remove {value!r} from the choices"))
+    for name, value in _flatten(profile.server.fixed).items():
+        allowed = VALUE_GENERATIONS.get((name, str(value)))
+        if allowed is not None and gen not in allowed:
+            out.append(ProfileRuleError(f"server.fixed.{name}", f"{value!r} runs only on "
+                                        f"{', '.join(sorted(allowed))} GPUs, not {gen!r}", "remove it"))
+    spec = profile.speculative
+    if spec is not None:
+        variants = {spec.method: SpeculativeVariant(draft_tokens=spec.draft_tokens, config=spec.config),
+                    **spec.methods}
+        for method, variant in variants.items():
+            cap = MAX_DRAFT_TOKENS.get((method, gen))
+            top = _max_int(variant.draft_tokens)
+            if cap is not None and top is not None and top > cap:
+                key = "speculative.draft_tokens" if method == spec.method else f"speculative.methods.{method}"
+                out.append(ProfileRuleError(
+                    key, f"{method} on {gen} runs at most {cap} draft token(s) (W4A16-FP8-MTP model card: "
+                    f"DeepGEMM paged-MQA-logits asserts next_n <= 2), the lever reaches {top}",
+                    f"limit the draft_tokens choices to 0..{cap}"))
+    return out
+
+
+def _max_int(lever: Lever) -> int | None:
+    if lever.choices is not None:
+        ints = [int(c) for c in lever.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        return max(ints) if ints else None
+    if lever.int_range is not None:
+        return lever.int_range[1]
+    return None
+
+
+def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _baseline_value_ok(profile: HardwareProfile, key: str, domain: Lever, value: Scalar) -> bool:
+    if domain.contains(value):
+        return True
+    spec = profile.speculative
+    if key == DRAFT_TOKENS_PARAM and spec is not None:
+        return any(v.draft_tokens.contains(value) for v in spec.methods.values())
+    return False
+
+
+def profile_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
+    """Every cross-field rule the profile breaks (empty = sound)."""
+    out = _topology_problems(profile) + _generation_problems(profile)
+    names = set(profile.param_names())
+    if profile.topology is not None:
+        names |= set(TOPOLOGY_KEYS)
+    for lever_name, lever in profile.levers.items():
+        for other in (lever.when or {}):
+            if other not in names:
+                out.append(ProfileRuleError(f"levers.{lever_name}.when", f"names unknown lever {other!r}",
+                                            f"use one of: {', '.join(sorted(names))}"))
+    if profile.cudagraph is not None and CAPTURE_OPTION in profile.levers:
+        out.append(ProfileRuleError(f"levers.{CAPTURE_OPTION}", "set twice: the cudagraph rule derives it",
+                                    "remove the lever or the cudagraph section"))
+    for i, base in enumerate(profile.baselines):
+        for key, value in base.values.items():
+            domain = profile.lever(key)
+            if domain is None:
+                out.append(ProfileRuleError(f"baselines[{i}].values.{key}",
+                                            f"baseline {base.name!r} sets unknown lever {key!r}",
+                                            f"use one of: {', '.join(profile.param_names())}"))
+            elif not _baseline_value_ok(profile, key, domain, value):
+                out.append(ProfileRuleError(f"baselines[{i}].values.{key}",
+                                            f"baseline {base.name!r} sets {value!r}, outside the lever's domain",
+                                            "add the value to the lever's choices or change the baseline"))
+    return out
+
+
+def draw_order(profile: HardwareProfile) -> list[str]:
+    """Levers (and the draft count) in an order where every ``when`` names something drawn earlier.
+
+    Declaration order is kept wherever the conditions allow it. A cycle is a profile error.
+    """
+    nodes = list(profile.levers) + ([DRAFT_TOKENS_PARAM] if profile.speculative is not None else [])
+    deps = {name: [d for d in (profile.levers[name].when or {}) if d in nodes and d != name]
+            if name in profile.levers else [] for name in nodes}
+    order: list[str] = []
+    placed: set[str] = set()
+    while len(order) < len(nodes):
+        ready = next((n for n in nodes if n not in placed and all(d in placed for d in deps[n])), None)
+        if ready is None:
+            stuck = sorted(n for n in nodes if n not in placed)
+            raise ValueError(f"levers {stuck} have 'when' conditions that depend on each other in a cycle")
+        order.append(ready)
+        placed.add(ready)
+    return order
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """A hardware profile by catalog name or path; every problem is a CatalogError naming the key."""
+    path = catalog.resolve("search_spaces", name_or_path)
+    data = catalog.read_yaml(path)
+    if not isinstance(data, dict):
+        raise CatalogError(path, "(top level)", f"expected a mapping of keys, got {type(data).__name__}",
+                           "start the file with the keys of a hardware profile (see search_spaces/cpu.yaml)")
+    try:
+        profile = HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        rule = _rule_error(exc)
+        if rule is not None:
+            raise CatalogError(path, rule.key, rule.problem, rule.fix) from exc
+        raise catalog.format_validation_error(path, exc, HardwareProfile) from exc
+    if not Path(name_or_path).suffix and profile.name != name_or_path:
+        raise CatalogError(path, "name", f"profile name {profile.name!r} differs from its file name",
+                           f"set name: {name_or_path}")
+    return profile
+
+
+def _rule_error(exc: ValidationError) -> ProfileRuleError | None:
+    for error in exc.errors():
+        found = (error.get("ctx") or {}).get("error")
+        if isinstance(found, ProfileRuleError):
+            return found
+    return None
+
+
+def bind_checkpoint(profile: HardwareProfile, checkpoint: Checkpoint) -> HardwareProfile:
+    """The profile as it serves ``checkpoint``: its repo and revision, and its own draft method.
+
+    The speculative section keeps only the variant for the method the checkpoint carries (DSpark for
+    0731, MTP for the preview and the W4A16-FP8-MTP quant); a checkpoint without a draft, or one whose
+    method the profile has no settings for, turns speculation off. Baselines meant for other
+    checkpoints are dropped.
+    """
+    fixed = dict(profile.server.fixed)
+    if checkpoint.revision:
+        fixed["revision"] = checkpoint.revision
+    server = profile.server.model_copy(update={"model": checkpoint.repo, "fixed": fixed,
+                                               "checkpoint": checkpoint.name})
+    spec: Speculative | None = None
+    if profile.speculative is not None and checkpoint.draft_method is not None:
+        variant = profile.speculative.variant(checkpoint.draft_method)
+        if variant is not None:
+            spec = Speculative(method=checkpoint.draft_method, draft_tokens=variant.draft_tokens,
+                               config=variant.config)
+    baselines: list[Baseline] = []
+    for base in profile.baselines:
+        if base.checkpoints is not None and checkpoint.name not in base.checkpoints:
+            continue
+        values = dict(base.values)
+        draft = values.get(DRAFT_TOKENS_PARAM)
+        if draft is not None and (spec is None or not spec.draft_tokens.contains(draft)):
+            values.pop(DRAFT_TOKENS_PARAM)
+            if spec is not None:
+                values[DRAFT_TOKENS_PARAM] = 0
+        baselines.append(base.model_copy(update={"values": values}))
+    return profile.model_copy(update={"server": server, "speculative": spec, "baselines": baselines})

@@ -1,0 +1,234 @@
+"""Confirmation: after screening, relaunch the top-k with a longer workload, and pick the winner.
+
+The screening trials rank candidates; the top-k are confirmed with a longer workload repeated inside
+one launch (at the concurrency its screening ladder chose), and scored by a noise-robust statistic:
+
+    robust score = median − k·MAD        (maximize; median + k·MAD when minimizing)
+
+A candidate whose repeats disagree (spread larger than ``max_spread`` of the median) or whose any
+repeat misses an SLO is rejected. The winner is the best *confirmed* candidate, not a lucky single
+screening run. A speculative candidate is followed by its no-speculation control, so the winner's
+speculative gain is measured under the same conditions. Verdicts are stored in the Optuna study
+(``confirmations``), so a killed or resumed study keeps the ones already done and confirms only the
+rest. :func:`judge` and :func:`pick_winner` are pure; :class:`ConfirmationPhase` runs the launches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.failures import FailureClass
+from tuner.objective import Objective
+from tuner.search.profile import HardwareProfile
+from tuner.search.space import ServeConfig, build_config
+from tuner.study.progress import Progress, phase_reporter
+from tuner.study.ranking import best_feasible_trial, feasible_trials
+from tuner.trial import TrialContext, TrialOutcome
+
+__all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winner", "judge", "mad", "pick_winner",
+           "robust_score"]
+
+class ConfirmSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    top_k: int = Field(default=2, ge=0)
+    repeats: int = Field(default=3, ge=1)
+    workload_scale: float = Field(default=2.0, gt=0)
+    """Confirmation runs send this many times the screening workload's prompts."""
+    mad_k: float = Field(default=1.0, ge=0)
+    max_spread: float = Field(default=0.25, gt=0)
+    """Reject when (max − min) / median of the repeats exceeds this."""
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    trial: int
+    """The screening trial this confirms (Optuna number)."""
+    config_key: str
+    values: tuple[float, ...]
+    median: float
+    mad: float
+    robust: float
+    accepted: bool
+    reason: str
+    trial_dir: str
+    speculative: bool
+    control_of: int | None = None
+    """Set when this run is the no-speculation control of a speculative candidate."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mad(values: Sequence[float]) -> float:
+    """Median absolute deviation (unscaled)."""
+    if not values:
+        return float("nan")
+    centre = statistics.median(values)
+    return float(statistics.median(abs(v - centre) for v in values))
+
+
+def robust_score(values: Sequence[float], *, k: float, maximize: bool) -> float:
+    centre = statistics.median(values)
+    spread = mad(values)
+    return centre - k * spread if maximize else centre + k * spread
+
+
+def judge(trial: int, config_key: str, values: Sequence[float], *, all_feasible: bool, spec: ConfirmSpec,
+          maximize: bool, trial_dir: str, speculative: bool, failure: str | None = None,
+          control_of: int | None = None) -> Confirmation:
+    """Score one candidate's repeats and decide whether it is confirmed."""
+    vals = tuple(float(v) for v in values)
+    if failure is not None or not vals:
+        return Confirmation(trial, config_key, vals, float("nan"), float("nan"), float("nan"), False,
+                            failure or "no measurement", trial_dir, speculative, control_of)
+    centre = statistics.median(vals)
+    spread = mad(vals)
+    robust = robust_score(vals, k=spec.mad_k, maximize=maximize)
+    rel = (max(vals) - min(vals)) / abs(centre) if centre else float("inf")
+    if not all_feasible:
+        accepted, reason = False, "a repeat missed an SLO"
+    elif len(vals) > 1 and rel > spec.max_spread:
+        accepted, reason = False, f"repeats disagree: spread {rel:.0%} of the median > {spec.max_spread:.0%}"
+    else:
+        accepted, reason = True, f"confirmed: median {centre:.2f}, MAD {spread:.2f}, spread {rel:.0%}"
+    return Confirmation(trial, config_key, vals, centre, spread, robust, accepted, reason, trial_dir,
+                        speculative, control_of)
+
+
+def pick_winner(confirmations: Sequence[Confirmation], *, maximize: bool) -> Confirmation | None:
+    accepted = [c for c in confirmations if c.accepted]
+    if not accepted:
+        return None
+    return max(accepted, key=lambda c: c.robust if maximize else -c.robust)
+
+
+RunTrial = Callable[..., TrialOutcome]
+"""``tuner.trial.run_trial``'s signature; passed in so the driver (and its tests) choose the runner."""
+
+
+@dataclass(frozen=True)
+class Winner:
+    trial: int
+    trial_dir: Path
+    value: float
+    confirmed: bool
+    confirmation: Confirmation | None
+    all_confirmations: tuple[Confirmation, ...]
+
+
+@dataclass
+class ConfirmationPhase:
+    """Confirms one study's top-k screening trials; ``path`` is the study folder."""
+
+    path: Path
+    spec: ConfirmSpec
+    objective: Objective
+    profile: HardwareProfile
+
+    @property
+    def maximize(self) -> bool:
+        return self.objective.direction == "maximize"
+
+    def confirmations(self, study: optuna.Study) -> list[Confirmation]:
+        return [Confirmation(**{**c, "values": tuple(c["values"])}) for c in study.user_attrs.get("confirmations", [])]
+
+    def candidates(self, study: optuna.Study) -> list[tuple[int, ServeConfig, int | None]]:
+        """Top-k distinct feasible screening trials, each speculative one followed by its control."""
+        top = sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0),
+                     reverse=self.maximize)[: self.spec.top_k]
+        out: list[tuple[int, ServeConfig, int | None]] = []
+        seen: set[str] = set()
+        for t in top:
+            config = build_config(self.profile, t.params)
+            if config.key() not in seen:
+                out.append((t.number, config, None))
+                seen.add(config.key())
+            if config.is_speculative and config.control().key() not in seen:
+                out.append((t.number, config.control(), t.number))
+                seen.add(config.control().key())
+        return out
+
+    def reserve_s(self, study: optuna.Study) -> float:
+        """Wall time to keep for this phase when deciding whether to screen once more."""
+        if self.spec.top_k == 0:
+            return 0.0
+        finished = [t for t in study.get_trials(deepcopy=False) if "duration_s" in t.user_attrs]
+        if not finished:
+            return 0.0
+        launch = statistics.median(float(t.user_attrs.get("ready_s") or 0.0) for t in finished)
+        load = statistics.median(max(0.0, float(t.user_attrs["duration_s"]) - float(t.user_attrs.get("ready_s") or 0.0))
+                                 for t in finished)
+        per_candidate = launch + load * self.spec.repeats * self.spec.workload_scale
+        return per_candidate * self.spec.top_k * 1.5  # controls of speculative candidates, roughly
+
+    def run(self, study: optuna.Study, ctx: TrialContext, run_trial: RunTrial, progress: Progress,
+            on_progress: Callable[[Progress], None], should_stop: Callable[[], bool],
+            deadline: float | None = None) -> None:
+        if self.spec.top_k == 0:
+            return
+        per_candidate_s = self.reserve_s(study) / (self.spec.top_k * 1.5)
+        done = {(c.trial, c.config_key) for c in self.confirmations(study)}
+        for number, config, control_of in self.candidates(study):
+            if (number, config.key()) in done or should_stop():
+                continue
+            if deadline is not None and time.time() + per_candidate_s > deadline:
+                progress.events.append(f"no time left to confirm trial {number}; its result stays unconfirmed")
+                on_progress(progress)
+                continue
+            suffix = "-control" if control_of is not None else ""
+            tdir = self.path / "confirm" / f"{number:04d}{suffix}"
+            progress.trial_number = number
+            progress.phase = f"confirm{suffix}"
+            on_progress(progress)
+            outcome = run_trial(self._context(ctx, study.trials[number]), config, tdir, should_stop=should_stop,
+                                repeats=self.spec.repeats,
+                                on_phase=phase_reporter(progress, on_progress, f"confirm{suffix}"))
+            if outcome.failure_class == FailureClass.INTERRUPTED.value:
+                raise KeyboardInterrupt
+            verdict = judge(number, config.key(), outcome.repeat_values, all_feasible=outcome.feasible, spec=self.spec,
+                            maximize=self.maximize, trial_dir=str(tdir.relative_to(self.path)),
+                            speculative=config.is_speculative,
+                            failure=None if outcome.ok else f"{outcome.failure_class}: {outcome.reason[:200]}",
+                            control_of=control_of)
+            stored = list(study.user_attrs.get("confirmations", []))
+            stored.append(verdict.to_json())
+            study.set_user_attr("confirmations", stored)
+            progress.events.append(f"confirm trial {number}{suffix}: {verdict.reason}")
+            on_progress(progress)
+
+    def _context(self, ctx: TrialContext, screened: FrozenTrial) -> TrialContext:
+        """The longer workload, at the concurrency the screening ladder chose (not the whole ladder again)."""
+        workload = self.objective.workload
+        prompts = max(1, round(workload.num_prompts * self.spec.workload_scale))
+        longer = workload.model_copy(update={"num_prompts": prompts})
+        update: dict[str, Any] = {"workload": longer}
+        chosen_c = screened.user_attrs.get("max_concurrency")
+        if chosen_c and self.objective.ladder is not None:
+            update["ladder"] = self.objective.ladder.model_copy(update={"steps": (int(chosen_c),)})
+            update["workload"] = longer.model_copy(update={"concurrency": int(chosen_c)})
+        return dataclasses.replace(ctx, objective=self.objective.model_copy(update=update))
+
+    def winner(self, study: optuna.Study) -> Winner | None:
+        """What to export: the best confirmed candidate, else the best feasible screening trial."""
+        confirmations = self.confirmations(study)
+        chosen = pick_winner(confirmations, maximize=self.maximize)
+        if chosen is not None:
+            return Winner(trial=chosen.trial, trial_dir=self.path / chosen.trial_dir, value=chosen.median,
+                          confirmed=True, confirmation=chosen, all_confirmations=tuple(confirmations))
+        best = best_feasible_trial(study)
+        if best is None or best.value is None:
+            return None
+        return Winner(trial=best.number, trial_dir=self.path / str(best.user_attrs["trial_dir"]), value=best.value,
+                      confirmed=False, confirmation=None, all_confirmations=tuple(confirmations))
+

@@ -1,0 +1,109 @@
+"""The local driver: one tuner runs a study's trials one after another on this node, then confirms.
+
+Each round takes the trial step (:mod:`tuner.study.step`): ask, launch a speculative proposal's
+control first, then screen (duplicate), pre-launch checks, launch, record. The loop stops at
+``--trials`` launches, before a trial that could not finish inside ``--budget`` (keeping time for
+the confirmation phase), on a stop request, or when the sampler only proposes what was launched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import optuna
+
+from tuner.study.confirm import ConfirmationPhase
+from tuner.study.progress import Progress, phase_reporter
+from tuner.study.ranking import (
+    best_feasible_trial,
+    launched_keys,
+    launched_numbers,
+    time_for_another,
+    write_trials_table,
+)
+from tuner.study.record import StudyRecord
+from tuner.study.step import MAX_DUPLICATES_IN_A_ROW, Proposal, TrialStep
+
+__all__ = ["LocalLoop"]
+
+
+class LocalLoop:
+    """Screening, then confirmation, of one study on this node (``Study.run`` builds and runs it)."""
+
+    def __init__(self, step: TrialStep, record: StudyRecord, confirmation: ConfirmationPhase,
+                 first_trial_estimate_s: float) -> None:
+        self.step = step
+        self.record = record
+        self.confirmation = confirmation
+        self.first_trial_estimate_s = first_trial_estimate_s
+
+    def run(self, on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> optuna.Study:
+        step, record, ostudy = self.step, self.record, self.step.ostudy
+        started = time.time()
+        deadline = started + record.budget_s if record.budget_s else None
+        progress = Progress(study=record.name, target=record.trials, deadline=deadline)
+        launched = launched_keys(ostudy)
+        progress.launched = len(launched_numbers(ostudy))
+        self._update_best(progress)
+        duplicates = 0
+        while True:
+            if record.trials is not None and progress.launched >= record.trials:
+                progress.last = f"reached --trials {record.trials}"
+                break
+            # Keep time for confirmation, but never more than a third of the budget for it.
+            reserve_s = min(self.confirmation.reserve_s(ostudy), (record.budget_s or 0.0) / 3)
+            if deadline is not None and not time_for_another(ostudy, deadline, self.first_trial_estimate_s,
+                                                             reserve_s):
+                progress.last = "budget left is shorter than one trial; stopping"
+                break
+            if should_stop():
+                break
+            proposal = step.propose()
+            control = step.control_for(proposal, launched)
+            if control is not None:
+                # The control launches first, beside its speculative twin, so that the twin's gates can
+                # compare with it and the report can show the speculative gain.
+                try:
+                    self._attempt(control, launched, progress, on_progress, should_stop)
+                except BaseException:
+                    step.interrupted(proposal)
+                    raise
+            status = self._attempt(proposal, launched, progress, on_progress, should_stop)
+            duplicates = duplicates + 1 if status == "duplicate" else 0
+            if duplicates >= MAX_DUPLICATES_IN_A_ROW:
+                progress.last = "the sampler keeps proposing launched configurations; space exhausted"
+                break
+        if not should_stop():
+            self.confirmation.run(ostudy, step.ctx, step.run_trial, progress, on_progress, should_stop, deadline)
+        progress.phase = "done"
+        on_progress(progress)
+        write_trials_table(ostudy, step.path)
+        return ostudy
+
+    def _attempt(self, proposal: Proposal, launched: dict[str, int], progress: Progress,
+                 on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> str:
+        """Tell one proposal: reuse a duplicate, refuse before launch, or launch it."""
+        step = self.step
+        if step.screen(proposal, launched) is not None:
+            return "duplicate"
+        verdict = step.refuse(proposal)
+        if verdict is not None:
+            launched[proposal.key] = proposal.number
+            progress.events.append(f"trial {proposal.number} pruned before launch: {verdict.reason[:100]}")
+            on_progress(progress)
+            return "pruned"
+        progress.trial_number = proposal.number
+        outcome = step.launch(proposal, should_stop=should_stop, on_phase=phase_reporter(progress, on_progress))
+        launched[proposal.key] = proposal.number
+        self._update_best(progress)
+        progress.launched_one(proposal.number, outcome, step.objective.metric)
+        on_progress(progress)
+        write_trials_table(step.ostudy, step.path)
+        return "launched"
+
+    def _update_best(self, progress: Progress) -> None:
+        best = best_feasible_trial(self.step.ostudy)
+        if best is not None and best.value is not None:
+            progress.best_value = best.value
+            progress.best_trial = best.number

@@ -1,0 +1,90 @@
+"""Reading a study's trials: which launched, which ran where, which is best, how long one takes, the table.
+
+Every driver (the local loop, a worker, the Ray driver), the confirmation phase, export and report
+read the Optuna study through these functions, so "launched", "feasible" and "best" mean one thing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner import store
+
+__all__ = ["best_feasible_trial", "feasible_trials", "launched_keys", "launched_numbers", "running_keys",
+           "time_for_another", "trials_frame", "write_trials_table"]
+
+
+def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """COMPLETE trials that ran, passed their gates and met every SLO (duplicates left out)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("feasible") and "duplicate_of" not in t.user_attrs and t.value is not None]
+
+
+def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The best COMPLETE trial that ran, passed its gates and met every SLO."""
+    candidates = feasible_trials(study)
+    if not candidates:
+        return None
+    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    return max(candidates, key=lambda t: sign * float(t.value or 0.0))
+
+
+def launched_keys(study: optuna.Study) -> dict[str, int]:
+    """Configuration key → the trial that first took it (launched, or refused before launch)."""
+    keys: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        key = t.user_attrs.get("config_key")
+        if key and "duplicate_of" not in t.user_attrs and key not in keys:
+            keys[key] = t.number
+    return keys
+
+
+def launched_numbers(study: optuna.Study) -> list[int]:
+    """The trials that launched a server (what ``--trials`` counts)."""
+    return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True)]
+
+
+def running_keys(study: optuna.Study, exclude_number: int | None = None) -> dict[str, int]:
+    """Configuration key → RUNNING trial (another worker's, in a shared study)."""
+    return {str(t.user_attrs["config_key"]): t.number
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number != exclude_number and "config_key" in t.user_attrs}
+
+
+def time_for_another(study: optuna.Study, deadline: float, first_estimate_s: float, reserve_s: float = 0.0) -> bool:
+    """Start another trial only if it can finish (longest duration so far) before the deadline.
+
+    ``first_estimate_s`` stands in before any trial finished (the hardware profile's ``expected_launch_s``).
+    """
+    durations = [float(t.user_attrs["duration_s"]) for t in study.get_trials(deepcopy=False)
+                 if "duration_s" in t.user_attrs and "duplicate_of" not in t.user_attrs]
+    # The longest trial so far, not the median: a trial that overruns the night is worse than one fewer.
+    estimate = max(durations) if durations else first_estimate_s
+    return time.time() + estimate + reserve_s <= deadline
+
+
+def trials_frame(study: optuna.Study) -> Any:
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for t in study.get_trials(deepcopy=False):
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name, "value": t.value}
+        row.update({f"param.{k}": v for k, v in t.params.items()})
+        row.update({k: v for k, v in t.user_attrs.items() if k != "constraints"})
+        row["constraints"] = json.dumps(t.user_attrs.get("constraints"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_trials_table(study: optuna.Study, study_path: Path) -> Path:
+    """``trials.csv``: every trial, one row (pandas reads it back)."""
+    out = study_path / "trials.csv"
+    store.write_text(out, trials_frame(study).to_csv(index=False))
+    return out

@@ -1,0 +1,248 @@
+"""The study: one named folder in ``runs/``, its Optuna study, and everything a driver needs to run it.
+
+:class:`Study` creates or opens the folder (``study.json``, the snapshots of its hardware profile and
+objective), opens its Optuna study (SQLite in the folder, or a shared RDB storage), builds the
+trial context and the trial step, and runs the local driver (:meth:`Study.run`). The scale-out
+drivers (:mod:`tuner.backends.worker`, :mod:`tuner.backends.ray`) take the same study and step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner import catalog, store
+from tuner.backends.storage import make_sampler, resolve_storage_url, sqlite_url
+from tuner.engines import Engine, default_engine, stop_orphans
+from tuner.errors import StudyError, UsageError
+from tuner.guards import GuardSuite, NoGuards, load_suite
+from tuner.load.affinity import plan_cpu_split
+from tuner.objective import Objective, constraint_names, load_objective
+from tuner.search.checkpoints import Checkpoint, load_checkpoint
+from tuner.search.prelaunch import PreLaunch
+from tuner.search.profile import HardwareProfile, bind_checkpoint, load_profile
+from tuner.study.confirm import Confirmation, ConfirmationPhase, Winner
+from tuner.study.local import LocalLoop
+from tuner.study.progress import Progress
+from tuner.study.ranking import write_trials_table
+from tuner.study.record import SCHEMA_VERSION, StudyLock, StudyRecord, resolve_model, vocab_size_of
+from tuner.study.step import TrialStep, learn_kv
+from tuner.trial import TrialContext
+
+__all__ = ["Study", "storage_for_record"]
+
+log = logging.getLogger(__name__)
+
+
+def storage_for_record(record: StudyRecord, study_path: Path) -> str:
+    """The Optuna storage URL of a study: SQLite in its folder, or the shared URL of ``record.storage``.
+
+    ``study.json`` keeps a shared URL with its password masked (``***``); the real one comes from
+    ``$DSV4_TUNE_STORAGE`` (see :mod:`tuner.backends.storage`).
+    """
+    if not record.storage:
+        return sqlite_url(study_path)
+    return resolve_storage_url(record.storage)
+
+
+class Study:
+    """One named study in ``runs_dir``: create it, run it, resume it."""
+
+    def __init__(self, record: StudyRecord, runs_dir: Path) -> None:
+        self.record = record
+        self.runs_dir = runs_dir
+        self.path = store.study_dir(runs_dir, record.name)
+        self.engine: Engine = default_engine()
+        self.profile: HardwareProfile = self._snapshot_profile()
+        self.objective: Objective = self._snapshot_objective().with_slos(record.slo_overrides)
+        self.checkpoint: Checkpoint | None = None
+        checkpoint_name = record.checkpoint or self.profile.server.checkpoint
+        if checkpoint_name:
+            self.checkpoint = load_checkpoint(checkpoint_name)
+            self.profile = bind_checkpoint(self.profile, self.checkpoint)
+
+    # -- creation and loading ------------------------------------------------------------------
+    @classmethod
+    def create(cls, record: StudyRecord, runs_dir: Path) -> Study:
+        if not store.STUDY_NAME.match(record.name):
+            raise UsageError(f"--study {record.name!r}: use letters, digits, '.', '_' and '-' only")
+        path = store.study_dir(runs_dir, record.name)
+        if (path / "study.json").exists():
+            raise StudyError(f"study {record.name!r} already exists in {path}. Fix: "
+                             f"`dsv4-tune resume {record.name}`, or pick another --study name")
+        path.mkdir(parents=True, exist_ok=True)
+        store.write_json(path / "study.json", record.model_dump())
+        return cls(record, runs_dir)
+
+    @classmethod
+    def open(cls, name: str, runs_dir: Path) -> Study:
+        path = store.study_dir(runs_dir, name)
+        record_path = path / "study.json"
+        if not record_path.is_file():
+            known = sorted(p.parent.name for p in runs_dir.glob("*/study.json")) if runs_dir.is_dir() else []
+            raise StudyError(f"no study {name!r} in {runs_dir}; known: {', '.join(known) or '(none)'}. "
+                             "Fix: check --runs-dir and the name (`dsv4-tune list --runs-dir DIR` lists studies)")
+        data = store.read_json(record_path)
+        version = int(data.get("schema_version", 0)) if isinstance(data, dict) else 0
+        if version > SCHEMA_VERSION:
+            raise StudyError(f"{record_path}: schema_version {version} is newer than this dsv4-tune "
+                             f"understands ({SCHEMA_VERSION}). Fix: upgrade dsv4-tune")
+        return cls(StudyRecord.model_validate(data), runs_dir)
+
+    @staticmethod
+    def materialize(runs_dir: Path, record: StudyRecord, profile_yaml: str, objective_yaml: str) -> None:
+        """Write a study folder from a shared study's database (a node that has not seen the study)."""
+        path = store.study_dir(runs_dir, record.name)
+        for snap, text in ((store.profile_snapshot(path), profile_yaml),
+                           (path / store.OBJECTIVE_SNAPSHOT, objective_yaml)):
+            if not snap.exists():
+                store.write_text(snap, text)
+            elif snap.read_text(encoding="utf-8") != text:
+                raise StudyError(f"{snap} differs from the study's {snap.name} in the database; the folder belongs "
+                                 f"to another study of the same name. Fix: use another --runs-dir, or remove {path}")
+        if not (path / "study.json").exists():
+            store.write_json(path / "study.json", record.model_dump())
+
+    def snapshots(self) -> tuple[str, str]:
+        """The texts of the hardware-profile and objective snapshots (what a shared study publishes)."""
+        return (store.profile_snapshot(self.path).read_text(encoding="utf-8"),
+                (self.path / store.OBJECTIVE_SNAPSHOT).read_text(encoding="utf-8"))
+
+    def _snapshot_profile(self) -> HardwareProfile:
+        snap = store.profile_snapshot(self.path)
+        if not snap.exists():
+            source = load_profile(self.record.hw)  # validates before copying
+            store.write_text(snap, catalog.resolve("search_spaces", self.record.hw).read_text(encoding="utf-8"))
+            return source
+        return load_profile(str(snap))
+
+    def _snapshot_objective(self) -> Objective:
+        snap = self.path / store.OBJECTIVE_SNAPSHOT
+        if not snap.exists():
+            source = load_objective(self.record.objective)
+            store.write_text(snap, catalog.resolve("objectives", self.record.objective).read_text(encoding="utf-8"))
+            return source
+        return load_objective(str(snap))
+
+    # -- Optuna ----------------------------------------------------------------------------------
+    def storage(self) -> str | optuna.storages.BaseStorage:
+        return storage_for_record(self.record, self.path)
+
+    def sampler(self) -> optuna.samplers.BaseSampler:
+        return make_sampler(self.record.seed, kind=self.record.sampler)
+
+    def optuna_study(self) -> optuna.Study:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            return optuna.create_study(
+                study_name=self.record.name, storage=self.storage(), load_if_exists=True,
+                direction=self.objective.direction, sampler=self.sampler())
+        except RuntimeError as exc:
+            if "schema" not in str(exc):
+                raise
+            raise StudyError(
+                f"{self.path / 'study.db'} was written by a newer Optuna ({exc}). Fix: upgrade dsv4-tune and "
+                "Optuna (pip install -U optuna), or open the study with the version that created it") from exc
+
+    def enqueue_baselines(self, ostudy: optuna.Study) -> None:
+        """Queue the hardware profile's baselines, once per study (claimed first: workers start together)."""
+        if ostudy.user_attrs.get("baselines_enqueued"):
+            return
+        ostudy.set_user_attr("baselines_enqueued", True)
+        for base in self.profile.baselines:
+            ostudy.enqueue_trial(dict(base.values), user_attrs={"baseline": base.name}, skip_if_exists=True)
+        ostudy.set_user_attr("constraint_names", constraint_names(self.objective))
+
+    def prepare_queue(self, ostudy: optuna.Study) -> None:
+        """Baselines first; then re-queue what an earlier run abandoned (RUNNING, or FAIL as interrupted)."""
+        self.enqueue_baselines(ostudy)
+        requeued: list[int] = list(ostudy.user_attrs.get("requeued", []))
+        # A shared study (RDB storage, workers): other workers' RUNNING trials are alive, the dead ones are
+        # retried by heartbeat, and an interrupted worker re-queues its own trial (tuner.backends.worker).
+        shared = bool(self.record.storage)
+        for t in ostudy.get_trials(deepcopy=False):
+            abandoned = not shared and (t.state == TrialState.RUNNING or (
+                t.state == TrialState.FAIL and t.user_attrs.get("interrupted")))
+            if not abandoned or t.number in requeued:
+                continue
+            if t.state == TrialState.RUNNING:
+                ostudy.tell(t.number, state=TrialState.FAIL)
+            log.info("re-queueing trial %d, abandoned by an earlier run", t.number)
+            ostudy.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+            requeued.append(t.number)
+        ostudy.set_user_attr("requeued", requeued)
+
+    # -- trials ------------------------------------------------------------------------------------
+    def guard_names(self) -> list[str]:
+        return list(self.record.guards if self.record.guards is not None else self.objective.guards)
+
+    def guard_suite(self) -> GuardSuite:
+        names = self.guard_names()
+        if not names:
+            return NoGuards()
+        return load_suite(names)
+
+    def context(self) -> TrialContext:
+        model = resolve_model(self.record.model, self.runs_dir)
+        return TrialContext(
+            vllm_cmd=self.engine.resolve_command(self.record.vllm_cmd), model=model, objective=self.objective,
+            host=self.profile.server.host, port=self.record.port,
+            ready_timeout_s=self.record.ready_timeout_s or self.profile.server.ready_timeout_s,
+            vocab_size=vocab_size_of(model), guards=self.guard_suite(), engine=self.engine,
+            served_model_name=Path(model).name if Path(model).exists() else model,
+            cpu_split=plan_cpu_split(self.profile.server.client_cpus,
+                                     bind_omp=self.profile.hardware.accelerator == "cpu"))
+
+    def prelaunch(self, ostudy: optuna.Study) -> PreLaunch:
+        """The pre-launch checks, with the KV capacity of every trial launched so far already learnt."""
+        checks = PreLaunch(self.profile, self.checkpoint, self.objective, self.record.prevalidate, self.engine)
+        self.learn_kv(ostudy, checks)
+        return checks
+
+    def learn_kv(self, ostudy: optuna.Study, checks: PreLaunch) -> None:
+        """Feed ``checks`` the logged KV capacity of every launched trial it has not seen yet."""
+        learn_kv(ostudy, self.profile, checks)
+
+    def step(self, ostudy: optuna.Study, ctx: TrialContext, prelaunch: PreLaunch | None = None) -> TrialStep:
+        """The trial step of this study (every driver's), with the pre-launch checks learnt from ``ostudy``."""
+        return TrialStep(self.path, self.profile, self.objective, ostudy, ctx,
+                         prelaunch if prelaunch is not None else self.prelaunch(ostudy))
+
+    def stop_orphans(self) -> list[dict[str, object]]:
+        """Stop servers an earlier run of this study left behind on this node."""
+        return stop_orphans(self.path / "trials", markers=(self.engine.name,))
+
+    # -- the local driver --------------------------------------------------------------------------
+    def run(self, *, on_progress: Callable[[Progress], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> optuna.Study:
+        """Screen, then confirm, on this node (:class:`~tuner.study.local.LocalLoop`)."""
+        with StudyLock(self.path):
+            orphans = self.stop_orphans()
+            if orphans:
+                log.warning("stopped %d orphaned server(s) left by an earlier run", len(orphans))
+            ctx = self.context()
+            ostudy = self.optuna_study()
+            store.write_json(self.path / "study.json", self.record.model_dump())
+            self.prepare_queue(ostudy)
+            loop = LocalLoop(self.step(ostudy, ctx), self.record, self.confirmation_phase,
+                             self.profile.server.expected_launch_s)
+            return loop.run(on_progress or (lambda _p: None), should_stop or (lambda: False))
+
+    # -- confirmation and the winner ---------------------------------------------------------------
+    @property
+    def confirmation_phase(self) -> ConfirmationPhase:
+        return ConfirmationPhase(self.path, self.record.confirm, self.objective, self.profile)
+
+    def confirmations(self, ostudy: optuna.Study) -> list[Confirmation]:
+        return self.confirmation_phase.confirmations(ostudy)
+
+    def winner(self, ostudy: optuna.Study) -> Winner | None:
+        """What to export: the best confirmed candidate, else the best feasible screening trial."""
+        return self.confirmation_phase.winner(ostudy)
+
+    def write_trials_table(self, ostudy: optuna.Study) -> Path:
+        return write_trials_table(ostudy, self.path)
