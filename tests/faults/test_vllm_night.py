@@ -162,30 +162,14 @@ def _night(runs: Path, study: Path, root: Path, demo_model: Path, obs: dict[str,
     r1 = Tuner("resume", STUDY, runs=runs)
     obs["r1"] = r1
     obs["t4_orphan_stopped"] = _gone(obs["t4_pgid"], 120)
-    if r1.wait_for(r"trial 5 load", START_S):
-        rec5 = _record(study, 5)
-        obs["t5_pgid"] = int(rec5["pgid"]) if rec5 else None
-        time.sleep(2)
-        r1.proc.send_signal(signal.SIGTERM)
-        t0 = time.monotonic()
-        obs["r1_rc"] = r1.wait(90)
-        obs["r1_stop_s"] = time.monotonic() - t0
-    else:
-        obs["r1_rc"] = r1.wait(5)
+    reached = r1.wait_for(r"trial 5 load", START_S)
+    _signal_mid_trial(obs, r1, "r1", "t5_pgid", _record(study, 5) if reached else None, reached, signal.SIGTERM)
 
     # resume 2: SIGINT to the tuner while trial 6 (the retry) is launching
     r2 = Tuner("resume", STUDY, runs=runs)
     obs["r2"] = r2
     rec6 = wait_file(study / "trials/0006/server.pid.json", START_S, r2.proc)
-    if rec6 is not None:
-        obs["t6_pgid"] = int(rec6["pgid"])
-        time.sleep(2)
-        r2.proc.send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        obs["r2_rc"] = r2.wait(90)
-        obs["r2_stop_s"] = time.monotonic() - t0
-    else:
-        obs["r2_rc"] = r2.wait(5)
+    _signal_mid_trial(obs, r2, "r2", "t6_pgid", rec6, rec6 is not None, signal.SIGINT)
 
     # resume 3: runs trial 7 to the end and exports the winner
     r3 = Tuner("resume", STUDY, runs=runs)
@@ -193,6 +177,20 @@ def _night(runs: Path, study: Path, root: Path, demo_model: Path, obs: dict[str,
     obs["r3_rc"] = r3.wait(600)
     obs["night_s"] = time.monotonic() - started
     yield obs
+
+
+def _signal_mid_trial(obs: dict[str, Any], tuner: Tuner, name: str, pgid_key: str, record: dict[str, Any] | None,
+                      reached: bool, sig: signal.Signals) -> None:
+    """Signal ``tuner`` two seconds into the trial it reached (``record``: its server), and time its stop."""
+    if not reached:
+        obs[f"{name}_rc"] = tuner.wait(5)
+        return
+    obs[pgid_key] = int(record["pgid"]) if record else None
+    time.sleep(2)
+    tuner.proc.send_signal(sig)
+    t0 = time.monotonic()
+    obs[f"{name}_rc"] = tuner.wait(90)
+    obs[f"{name}_stop_s"] = time.monotonic() - t0
 
 
 def _outcome(night: dict[str, Any], n: int) -> dict[str, Any]:

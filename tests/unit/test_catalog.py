@@ -27,17 +27,6 @@ def test_valid_objective_loads_with_given_values(tmp_path: Path) -> None:
                                                                      {"p99_ttft_ms": 1500.0})
 
 
-def test_malformed_yaml_names_file_line_and_column(tmp_path: Path) -> None:
-    path = _write(tmp_path, "name: a\ndescription: b\n  broken: : here\n")
-    with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, Objective)
-    err = info.value
-    assert err.file == str(path)
-    assert err.key == "line 3, column 9"
-    assert "malformed YAML" in err.problem
-    assert str(path) in str(err) and "line 3" in str(err)
-
-
 def test_unclosed_flow_mapping_points_at_end_of_file(tmp_path: Path) -> None:
     path = _write(tmp_path, "name: a\nslos: {p95_ttft_ms: 5\n")
     with pytest.raises(CatalogError) as info:
@@ -46,32 +35,51 @@ def test_unclosed_flow_mapping_points_at_end_of_file(tmp_path: Path) -> None:
     assert info.value.__cause__ is not None  # chained to the yaml error
 
 
-def test_unknown_top_level_key_names_key_and_suggests(tmp_path: Path) -> None:
-    path = _write(tmp_path, "name: a\ndirecton: minimize\n")
+BAD_KEYS: dict[str, tuple[str, type[Objective] | type[HardwareProfile], str, str, str]] = {
+    # case: (file text, model, the key named, the part of the error, what it says there)
+    "malformed YAML names file, line and column": (
+        "name: a\ndescription: b\n  broken: : here\n", Objective, "line 3, column 9", "problem", "malformed YAML"),
+    "unknown top-level key names key and suggests": (
+        "name: a\ndirecton: minimize\n", Objective, "directon", "fix", "did you mean 'direction'?"),
+    "unknown nested key gives dotted key and hint": (
+        "name: a\nworkload: {input_lenn: 5}\n", Objective, "workload.input_lenn", "fix", "did you mean 'input_len'?"),
+    "unknown key in hardware profile section": (
+        HW.replace("accelerator: cpu", "acelerator: cpu"), HardwareProfile, "hardware.acelerator", "fix",
+        "did you mean 'accelerator'?"),
+    "unknown key inside a lever gets a hint": (
+        HW + "levers:\n  max-num-seqs: {choices: [1, 2], whne: {a: [1]}}\n", HardwareProfile,
+        "levers.max-num-seqs.whne", "fix", "did you mean 'when'?"),
+    "wrong type names key and value": (
+        HW.replace("device_count: 1", "device_count: one"), HardwareProfile, "hardware.device_count", "problem",
+        "'one'"),
+    "out of range value is rejected": (
+        "name: a\nmax_failed_fraction: 1.5\n", Objective, "max_failed_fraction", "problem", "1.5"),
+    "missing required key": (
+        "description: no name here\n", Objective, "name", "problem", "required key is missing"),
+    "missing nested required key": (
+        HW.replace("device_name: c, ", ""), HardwareProfile, "hardware.device_name", "problem", "required key"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_KEYS))
+def test_a_bad_key_is_named_with_its_problem_or_fix(tmp_path: Path, case: str) -> None:
+    text, model, key, part, says = BAD_KEYS[case]
+    path = _write(tmp_path, text)
     with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, Objective)
-    err = info.value
-    assert err.file == str(path)
-    assert err.key == "directon"
-    assert err.problem == "unknown key"
-    assert "did you mean 'direction'?" in err.fix
+        catalog.load_model(path, model)
+    assert info.value.file == str(path)
+    assert info.value.key == key
+    assert says in getattr(info.value, part)
+    assert str(path) in str(info.value) and key in str(info.value)
 
 
-def test_unknown_nested_key_gives_dotted_key_and_hint(tmp_path: Path) -> None:
-    path = _write(tmp_path, "name: a\nworkload: {input_lenn: 5}\n")
+@pytest.mark.parametrize(("text", "problem"), [("description: no name here\n", "required key is missing"),
+                                               ("name: a\ndirecton: minimize\n", "unknown key")],
+                         ids=["missing required key", "unknown top-level key"])
+def test_the_problem_says_exactly_what_is_wrong(tmp_path: Path, text: str, problem: str) -> None:
     with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, Objective)
-    assert info.value.key == "workload.input_lenn"
-    assert "did you mean 'input_len'?" in info.value.fix
-    assert str(path) in str(info.value)
-
-
-def test_unknown_key_in_hardware_profile_section(tmp_path: Path) -> None:
-    path = _write(tmp_path, HW.replace("accelerator: cpu", "acelerator: cpu"))
-    with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, HardwareProfile)
-    assert info.value.key == "hardware.acelerator"
-    assert "did you mean 'accelerator'?" in info.value.fix
+        catalog.load_model(_write(tmp_path, text), Objective)
+    assert info.value.problem == problem
 
 
 def test_unknown_key_without_close_match_lists_allowed_keys(tmp_path: Path) -> None:
@@ -81,45 +89,6 @@ def test_unknown_key_without_close_match_lists_allowed_keys(tmp_path: Path) -> N
     assert "did you mean" not in info.value.fix
     for allowed in ("description", "direction", "metric", "slos", "workload"):
         assert allowed in info.value.fix
-
-
-def test_unknown_key_inside_a_lever_gets_a_hint(tmp_path: Path) -> None:
-    path = _write(tmp_path, HW + "levers:\n  max-num-seqs: {choices: [1, 2], whne: {a: [1]}}\n")
-    with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, HardwareProfile)
-    assert info.value.key == "levers.max-num-seqs.whne"
-    assert "did you mean 'when'?" in info.value.fix
-
-
-def test_wrong_type_names_key_and_value(tmp_path: Path) -> None:
-    path = _write(tmp_path, HW.replace("device_count: 1", "device_count: one"))
-    with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, HardwareProfile)
-    assert info.value.key == "hardware.device_count"
-    assert "'one'" in info.value.problem
-
-
-def test_out_of_range_value_is_rejected(tmp_path: Path) -> None:
-    path = _write(tmp_path, "name: a\nmax_failed_fraction: 1.5\n")
-    with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, Objective)
-    assert info.value.key == "max_failed_fraction"
-    assert "1.5" in info.value.problem
-
-
-def test_missing_required_key(tmp_path: Path) -> None:
-    path = _write(tmp_path, "description: no name here\n")
-    with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, Objective)
-    assert info.value.key == "name"
-    assert info.value.problem == "required key is missing"
-
-
-def test_missing_nested_required_key(tmp_path: Path) -> None:
-    path = _write(tmp_path, HW.replace("device_name: c, ", ""))
-    with pytest.raises(CatalogError) as info:
-        catalog.load_model(path, HardwareProfile)
-    assert info.value.key == "hardware.device_name"
 
 
 def test_several_problems_are_counted(tmp_path: Path) -> None:

@@ -121,6 +121,22 @@ def test_summarize_agrees_with_vllm_calculate_metrics() -> None:
 
 MODEL = "/runs/study-1/model"
 
+
+COUNTS = {  # counter: its (engine 0, engine 1) values on the page before the window, then after it
+    "vllm:prompt_tokens_total": ((1000.0, 500.0), (1600.0, 1100.0)),
+    "vllm:generation_tokens_total": ((64.0, 32.0), (164.0, 82.0)),
+    "vllm:spec_decode_num_drafts_total": ((10.0, 0.0), (50.0, 30.0)),
+    "vllm:spec_decode_num_draft_tokens_total": ((30.0, 0.0), (150.0, 90.0)),
+    "vllm:spec_decode_num_accepted_tokens_total": ((12.0, 0.0), (72.0, 48.0)),
+}
+
+
+def _counters(page: int) -> str:
+    """The COUNTS samples of one page (0: before, 1: after), one per engine, labelled as vLLM labels them."""
+    return "\n".join(f'{name}{{engine="{engine}",model_name="{MODEL}"}} {value:.1f}'
+                     for name, pages in COUNTS.items() for engine, value in enumerate(pages[page]))
+
+
 # Shaped like vLLM 0.32's /metrics with --data-parallel-size 2 (two engines, one page).
 BEFORE = f"""\
 # HELP python_gc_objects_collected_total Objects collected during gc
@@ -135,20 +151,11 @@ vllm:num_requests_running{{engine="1",model_name="{MODEL}"}} 2.0
 vllm:kv_cache_usage_perc{{engine="0",model_name="{MODEL}"}} NaN
 # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
 # TYPE vllm:prompt_tokens_total counter
-vllm:prompt_tokens_total{{engine="0",model_name="{MODEL}"}} 1000.0
-vllm:prompt_tokens_total{{engine="1",model_name="{MODEL}"}} 500.0
 # HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
-vllm:generation_tokens_total{{engine="0",model_name="{MODEL}"}} 64.0
-vllm:generation_tokens_total{{engine="1",model_name="{MODEL}"}} 32.0
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter
-vllm:spec_decode_num_drafts_total{{engine="0",model_name="{MODEL}"}} 10.0
-vllm:spec_decode_num_drafts_total{{engine="1",model_name="{MODEL}"}} 0.0
-vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="{MODEL}"}} 30.0
-vllm:spec_decode_num_draft_tokens_total{{engine="1",model_name="{MODEL}"}} 0.0
-vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="{MODEL}"}} 12.0
-vllm:spec_decode_num_accepted_tokens_total{{engine="1",model_name="{MODEL}"}} 0.0
+{_counters(0)}
 vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="{MODEL}",position="0"}} 8.0
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram
@@ -161,16 +168,7 @@ vllm:time_to_first_token_seconds_sum{{engine="0",model_name="{MODEL}"}} 0.8
 AFTER = f"""\
 # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
 # TYPE vllm:prompt_tokens_total counter
-vllm:prompt_tokens_total{{engine="0",model_name="{MODEL}"}} 1600.0
-vllm:prompt_tokens_total{{engine="1",model_name="{MODEL}"}} 1100.0
-vllm:generation_tokens_total{{engine="0",model_name="{MODEL}"}} 164.0
-vllm:generation_tokens_total{{engine="1",model_name="{MODEL}"}} 82.0
-vllm:spec_decode_num_drafts_total{{engine="0",model_name="{MODEL}"}} 50.0
-vllm:spec_decode_num_drafts_total{{engine="1",model_name="{MODEL}"}} 30.0
-vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="{MODEL}"}} 150.0
-vllm:spec_decode_num_draft_tokens_total{{engine="1",model_name="{MODEL}"}} 90.0
-vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="{MODEL}"}} 72.0
-vllm:spec_decode_num_accepted_tokens_total{{engine="1",model_name="{MODEL}"}} 48.0
+{_counters(1)}
 vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="{MODEL}",position="0"}} 40.0
 vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="{MODEL}"}} 10.0
 vllm:time_to_first_token_seconds_count{{engine="0",model_name="{MODEL}"}} 10.0

@@ -317,28 +317,27 @@ def test_invalid_lever_is_catalog_error(tmp_path: Path, lever: str, needle: str)
     assert needle in info.value.problem
 
 
-def test_baseline_with_unknown_lever_is_rejected(tmp_path: Path) -> None:
-    text = HEAD + "levers:\n  max-num-seqs: {choices: [4, 8]}\nbaselines:\n  - {name: b, values: {max-num-seq: 4}}\n"
+BROKEN_RULES = {
+    # case: (levers and baselines, the key named, what the problem says, what the fix says)
+    "baseline with unknown lever": (
+        "levers:\n  max-num-seqs: {choices: [4, 8]}\nbaselines:\n  - {name: b, values: {max-num-seq: 4}}\n",
+        "baselines[0].values.max-num-seq", "unknown lever 'max-num-seq'", "max-num-seqs"),
+    "baseline value outside domain": (
+        "levers:\n  max-num-seqs: {choices: [4, 8]}\nbaselines:\n  - {name: b, values: {max-num-seqs: 5}}\n",
+        "baselines[0].values.max-num-seqs", "", ""),
+    "when naming unknown lever": (
+        "levers:\n  max-num-seqs: {choices: [4], when: {nope: [1]}}\n", "levers.max-num-seqs.when", "'nope'", ""),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_RULES))
+def test_a_profile_rule_broken_is_rejected_at_its_key(tmp_path: Path, case: str) -> None:
+    rest, key, problem, fix = BROKEN_RULES[case]
     with pytest.raises(CatalogError) as info:
-        _profile(tmp_path, text)
-    assert info.value.key == "baselines[0].values.max-num-seq"
-    assert "unknown lever 'max-num-seq'" in info.value.problem
-    assert "max-num-seqs" in info.value.fix
-
-
-def test_baseline_value_outside_domain_is_rejected(tmp_path: Path) -> None:
-    text = HEAD + "levers:\n  max-num-seqs: {choices: [4, 8]}\nbaselines:\n  - {name: b, values: {max-num-seqs: 5}}\n"
-    with pytest.raises(CatalogError) as info:
-        _profile(tmp_path, text)
-    assert info.value.key == "baselines[0].values.max-num-seqs"
-
-
-def test_when_naming_unknown_lever_is_rejected(tmp_path: Path) -> None:
-    text = HEAD + "levers:\n  max-num-seqs: {choices: [4], when: {nope: [1]}}\n"
-    with pytest.raises(CatalogError) as info:
-        _profile(tmp_path, text)
-    assert info.value.key == "levers.max-num-seqs.when"
-    assert "'nope'" in info.value.problem
+        _profile(tmp_path, HEAD + rest)
+    assert info.value.key == key
+    assert problem in info.value.problem
+    assert fix in info.value.fix
 
 
 def test_profile_name_must_match_catalog_file_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

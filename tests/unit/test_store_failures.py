@@ -127,47 +127,35 @@ RuntimeError: NCCL communicator was aborted on rank 3.
 """
 
 
-def test_argparse_invalid_choice_is_bad_flag() -> None:
-    diag = classify_startup_failure(ARGPARSE_BAD_CHOICE, 2)
-    assert diag.failure_class is FailureClass.BAD_FLAG
-    assert "--kv-cache-dtype" in diag.reason and "invalid choice" in diag.reason
-
-
-def test_unrecognized_argument_is_bad_flag() -> None:
-    diag = classify_startup_failure(UNRECOGNIZED, 2)
-    assert diag.failure_class is FailureClass.BAD_FLAG
-    assert "--no-disable-log-stats" in diag.reason
-
-
-def test_torch_oom_is_oom() -> None:
-    diag = classify_startup_failure(TORCH_OOM, 1)
-    assert diag.failure_class is FailureClass.OOM
-    assert "CUDA out of memory" in diag.reason
-
-
-def test_cpu_memory_utilization_is_oom_not_bad_flag() -> None:
+CLASSIFIED = {
+    "argparse invalid choice is bad_flag": (ARGPARSE_BAD_CHOICE, 2, FailureClass.BAD_FLAG,
+                                            ("--kv-cache-dtype", "invalid choice")),
+    "unrecognized argument is bad_flag": (UNRECOGNIZED, 2, FailureClass.BAD_FLAG, ("--no-disable-log-stats",)),
+    "torch OOM is oom": (TORCH_OOM, 1, FailureClass.OOM, ("CUDA out of memory",)),
     # The line is a ValueError (a BAD_FLAG pattern) but memory wins.
-    diag = classify_startup_failure(CPU_MEMORY, 1)
-    assert diag.failure_class is FailureClass.OOM
-    assert "less than desired" in diag.reason
+    "cpu memory utilization is oom, not bad_flag": (CPU_MEMORY, 1, FailureClass.OOM, ("less than desired",)),
+    "address in use is port_in_use": (PORT_TAKEN, 1, FailureClass.PORT_IN_USE, ("Errno 98",)),
+}
 
 
-def test_address_in_use_is_port_in_use() -> None:
-    diag = classify_startup_failure(PORT_TAKEN, 1)
-    assert diag.failure_class is FailureClass.PORT_IN_USE
-    assert "Errno 98" in diag.reason
+@pytest.mark.parametrize("case", list(CLASSIFIED))
+def test_a_log_tail_is_classified_with_its_evidence(case: str) -> None:
+    log_tail, returncode, failure_class, evidence = CLASSIFIED[case]
+    diag = classify_startup_failure(log_tail, returncode)
+    assert diag.failure_class is failure_class
+    for part in evidence:
+        assert part in diag.reason
 
 
-def test_unknown_traceback_is_crash_with_exit_code() -> None:
-    diag = classify_startup_failure(UNKNOWN_CRASH, 134)
+@pytest.mark.parametrize(("log_tail", "returncode", "reason"), [
+    (UNKNOWN_CRASH, 134, "exit code 134; last log line: RuntimeError: NCCL communicator was aborted on rank 3."),
+    ("\n  \n", None, "no exit code; last log line: (empty log)"),
+], ids=["unknown traceback, with its exit code", "empty log without an exit code"])
+def test_an_unknown_end_is_a_crash_with_its_exit_and_last_line(log_tail: str, returncode: int | None,
+                                                                 reason: str) -> None:
+    diag = classify_startup_failure(log_tail, returncode)
     assert diag.failure_class is FailureClass.CRASH
-    assert diag.reason == "exit code 134; last log line: RuntimeError: NCCL communicator was aborted on rank 3."
-
-
-def test_empty_log_without_exit_code_is_crash() -> None:
-    diag = classify_startup_failure("\n  \n", None)
-    assert diag.failure_class is FailureClass.CRASH
-    assert diag.reason == "no exit code; last log line: (empty log)"
+    assert diag.reason == reason
 
 
 def test_reason_is_clipped() -> None:

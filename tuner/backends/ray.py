@@ -52,17 +52,9 @@ from tuner.backends.worker import OnMismatch
 from tuner.errors import UsageError
 from tuner.objective import failed_score
 from tuner.search.space import build_config
-from tuner.study import (
-    MAX_DUPLICATES_IN_A_ROW,
-    Proposal,
-    Study,
-    StudyLock,
-    StudyRecord,
-    TrialStep,
-    launched_keys,
-    launched_numbers,
-    storage_for_record,
-)
+from tuner.study import MAX_DUPLICATES_IN_A_ROW, Proposal, Study, StudyLock, StudyRecord, TrialStep
+from tuner.study.ranking import launched_keys, launched_numbers
+from tuner.study.study import storage_for_record
 from tuner.trial import TrialOutcome, run_trial
 
 if TYPE_CHECKING:

@@ -5,20 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+
+from tuner.trial import TrialOutcome
 
 __all__ = ["Progress", "phase_reporter"]
-
-
-class _Outcome(Protocol):
-    @property
-    def ok(self) -> bool: ...
-
-    @property
-    def value(self) -> float: ...
-
-    @property
-    def failure_class(self) -> str | None: ...
 
 
 @dataclass
@@ -40,7 +30,7 @@ class Progress:
     def seconds_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.time())
 
-    def launched_one(self, number: int, outcome: _Outcome, metric: str) -> None:
+    def launched_one(self, number: int, outcome: TrialOutcome, metric: str) -> None:
         """Count a launch and say how it went (``last``, and an event)."""
         self.launched += 1
         self.last = (f"trial {number}: {outcome.value:.1f} {metric}" if outcome.ok
