@@ -60,8 +60,8 @@ from tuner.trial import TrialOutcome, run_trial
 if TYPE_CHECKING:
     from ray.tune.search import Searcher
 
-__all__ = ["RayOptions", "TrialJob", "cluster_nodes", "is_loopback", "outcome_from_json", "pack_folder",
-           "ray_trial", "run_study", "unpack_folder"]
+__all__ = ["RayOptions", "TrialJob", "cluster_nodes", "is_loopback", "make_searcher", "outcome_from_json",
+           "pack_folder", "ray_trial", "run_study", "unpack_folder"]
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def is_loopback(address: str | None) -> bool:
         return False
 
 
-def _make_searcher(study: Study, step: TrialStep, budget: int | None) -> tuple[Searcher, Callable[[], None]]:
+def make_searcher(study: Study, step: TrialStep, budget: int | None) -> tuple[Searcher, Callable[[], None]]:
     """Tune's searcher over ``step``, and what to call once Tune stops (to close the twins it still holds)."""
     from ray.tune.search import Searcher
 
@@ -383,7 +383,7 @@ def run_study(study: Study, options: RayOptions) -> optuna.Study:
         trainable = tune.with_resources(
             tune.with_parameters(ray_trial, job=_job(study, study.runs_dir, options.on_mismatch)),
             tune.PlacementGroupFactory([bundle], strategy="STRICT_PACK"))
-        searcher, abandon_held = _make_searcher(study, study.step(ostudy, study.context()), remaining)
+        searcher, abandon_held = make_searcher(study, study.step(ostudy, study.context()), remaining)
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=concurrent,

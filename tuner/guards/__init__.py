@@ -77,6 +77,7 @@ __all__ = [
     "ToolCallSpec",
     "ToolRoundTrip",
     "build_guard",
+    "discover_kinds",
     "load_spec",
     "load_suite",
     "register_kind",
@@ -97,14 +98,17 @@ def register_kind(kind: GuardKind) -> GuardKind:
     return kind
 
 
-def _discover() -> None:
+def discover_kinds() -> list[str]:
+    """Register every module of this package that defines ``KIND``; return the kinds' names, sorted."""
+    found: list[str] = []
     for module in pkgutil.iter_modules(__path__):
-        found = getattr(importlib.import_module(f"{__name__}.{module.name}"), "KIND", None)
-        if isinstance(found, GuardKind):
-            register_kind(found)
+        kind = getattr(importlib.import_module(f"{__name__}.{module.name}"), "KIND", None)
+        if isinstance(kind, GuardKind):
+            found.append(register_kind(kind).name)
+    return sorted(found)
 
 
-_discover()
+discover_kinds()
 
 
 def load_spec(path: Path) -> BaseModel:
