@@ -218,7 +218,7 @@ def respond(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, 
     forced = None
     if isinstance(tool_choice, Mapping):
         forced = str((tool_choice.get("function") or {}).get("name", "")) or None
-    if tools and tool_choice != "none":
+    if tools:  # rendered into the prompt even with tool_choice "none": the model still calls (notes/dsv4-parsers)
         call = _choose_tool(user, tools, forced)
         if call is not None:
             first = next(iter(call.arguments.values()), "")

@@ -57,9 +57,11 @@ class EmulatorSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EmulatorSettings:
         read = _Reader(os.environ if env is None else env)
-        time_scale = read.float("TIME_SCALE") or 1.0
+        scale = read.float("TIME_SCALE")
+        time_scale = 1.0 if scale is None else scale
         startup = read.float("STARTUP_TIME_SCALE")
-        multiplicity = read.int("MULTIPLICITY") or 1
+        copies = read.int("MULTIPLICITY")
+        multiplicity = 1 if copies is None else copies
         if time_scale <= 0 or (startup is not None and startup <= 0):
             raise SettingsError(f"{ENV_PREFIX}TIME_SCALE and {ENV_PREFIX}STARTUP_TIME_SCALE must be > 0")
         if multiplicity < 1:
