@@ -161,6 +161,20 @@ def test_a_doubled_all2all_doubles_the_expert_parallel_communication(gh200: Hard
                                                      [_decode(700)]).comm_s)
 
 
+def test_h200_decode_latency_at_batch_one_matches_the_w4a16_model_card() -> None:
+    """Model card (8×H200, TP=2 per replica, bs=1, 256/256): TPOT 8.93 ms without MTP, 6.02 ms with MTP k=1."""
+    profile = load_profile("h200x8")
+    ckpt = load_checkpoint("w4a16-fp8-mtp")
+    card = {"kv-cache-dtype": "fp8", "block-size": 256, "max-model-len": 4096, "gpu-memory-utilization": 0.80,
+            "enable-prefix-caching": False, "tensor-parallel-size": 2, "data-parallel-size": 4, "max-num-seqs": 256}
+    mtp = {**card, "speculative-config": {"method": "mtp", "num_speculative_tokens": 1}}
+    plain = predict(profile, card, BenchmarkShape(256, 256, 1, 4), checkpoint=ckpt).tpot_mean_ms
+    drafted = predict(profile, mtp, BenchmarkShape(256, 256, 1, 4), checkpoint=ckpt).tpot_mean_ms
+    assert plain == pytest.approx(8.93, rel=0.2)
+    assert drafted == pytest.approx(6.02, rel=0.2)
+    assert plain / drafted == pytest.approx(1.49, rel=0.15)
+
+
 @pytest.mark.parametrize("hw", ["h200x8", "b200x8", "gb300x4", "h100x8", "rtxpro6000x8"])
 def test_every_gpu_profiles_recipe_baselines_serve_a_sensible_throughput(hw: str) -> None:
     """Not calibrated points: sanity bounds (per GPU between 300 and 20,000 output tok/s at c512)."""

@@ -82,10 +82,11 @@ class Coefficients:
     dense_mfu: float = 0.45
     """Attention projections, shared expert, head: FP8 block-scaled GEMMs."""
     attention_mfu: float = 0.40
-    moe_mfu_marlin: float = 0.28
-    """W4A16 Marlin on bf16 tensor cores (vLLM's default MoE on Hopper)."""
-    moe_mfu_humming: float = 0.30
-    """W4A8 Humming on fp8 tensor cores (blog: the fixed kernels' MoE bucket "still at 30% of its roof")."""
+    moe_mfu_marlin: float = 0.31
+    """W4A16 Marlin on bf16 tensor cores (vLLM's default MoE on Hopper); fitted to the blog's DP4 + EP 12,802."""
+    moe_mfu_humming: float = 0.38
+    """W4A8 Humming on fp8 tensor cores; fitted to the blog's "+40%" (with the EP imbalance, ~34% of the roof;
+    blog: the fixed kernels' MoE bucket is "still at 30% of its roof")."""
     moe_mfu_triton: float = 0.15
     moe_mfu_fp8: float = 0.25
     moe_mfu_fp4: float = 0.22
@@ -113,13 +114,14 @@ class Coefficients:
     the GPU by async scheduling, so it only shows when it exceeds the GPU step."""
     frontend_token_s: float = 125e-6
     """API-server CPU per streamed token (detokenise, build the SSE chunk, send), split over
-    --api-server-count processes (vLLM's default: one per DP engine); pipelined with the engine."""
+    --api-server-count processes (vLLM's default: one per DP engine); pipelined with the engine.
+    An assumption fitted to the blog's TP4 5,856 (one API server caps near 8,000 tok/s)."""
     # -- communication
     allreduce_eff: float = 0.40
     nccl_latency_factor: float = 3.0
     """NCCL's latency over a custom one-shot allreduce (--disable-custom-all-reduce)."""
-    a2a_eff_allgather_reducescatter: float = 0.45
-    """Blog: comms at c2048 "10.8 ms against ~3 ms at the wire rate"."""
+    a2a_eff_allgather_reducescatter: float = 0.25
+    """Blog: comms at c2048 "10.8 ms against ~3 ms at the wire rate" (the model: 10.3 ms)."""
     a2a_eff_deepep_high_throughput: float = 0.60
     a2a_eff_deepep_low_latency: float = 0.35
     a2a_eff_other: float = 0.45

@@ -16,9 +16,12 @@ requests finish). The rules are vLLM's (``vllm/v1/core/sched/scheduler.py``):
 - The first output token is sampled when a request's prefill completes; with speculation a decode
   step emits ``1 + a`` tokens, ``a`` accepted drafts out of ``k`` (each accepted with probability α).
 
-A :class:`Group` is one stream standing for ``multiplicity`` identical virtual requests: they are
-admitted, scheduled, preempted and finished together, and count ``multiplicity`` times in the
-batch, the KV blocks (except a shared prefix hit, held once) and every metric.
+A :class:`Group` is one stream standing for ``multiplicity`` identical virtual requests. They count
+``multiplicity`` times in the batch, the KV blocks (except a shared prefix hit, held once) and every
+metric. Resource decisions stay per request: a group that only partly fits is admitted in part, and
+a preemption takes only the copies the shortfall needs; the part that leaves becomes a group of its
+own (same state, distinct content beyond the shared prefix), and the client's stream follows one
+copy, drawn in proportion to the copies. So results hardly depend on the multiplicity.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class _Collector:
 class _Stream:
     """One client stream: what it sees of its request (the group carrying its sink)."""
 
-    __slots__ = ("client", "first_v", "gaps", "last_v", "multiplicity", "sent_v")
+    __slots__ = ("client", "first_v", "gaps", "last_v", "multiplicity", "sent_v", "tokens")
 
     def __init__(self, client: _Client, sent_v: float, multiplicity: int) -> None:
         self.client = client
@@ -134,8 +134,10 @@ class _Stream:
         self.first_v = -1.0
         self.last_v = -1.0
         self.gaps: list[float] = []
+        self.tokens = 0
 
     def emit(self, group: Group, tokens: int, t_v: float, finished: bool) -> None:
+        self.tokens += tokens
         if self.first_v < 0:
             self.first_v = t_v
         else:
@@ -293,7 +295,7 @@ def _summarize(shape: BenchmarkShape, cfg: EmulatedConfig, cap: Capacity, model:
     gap_weights = np.repeat(np.asarray(weights, dtype=np.float64), [len(s.gaps) for s in done]) if done \
         else np.zeros(0)
     itl = _percentiles(gaps, gap_weights, (50, 95, 99))
-    tpot_values = [((s.last_v - s.first_v) / (len(s.gaps)), s.multiplicity) for s in done if s.gaps]
+    tpot_values = [((s.last_v - s.first_v) / (s.tokens - 1), s.multiplicity) for s in done if s.tokens > 1]
     total_time = sum(d for _, d in kv_samples) or 1.0
     kv_mean = sum(u * d for u, d in kv_samples) / total_time
     run_mean = sum(r * d for r, d in running_samples) / total_time
