@@ -313,6 +313,7 @@ def test_the_start_up_log_states_the_kv_capacity_of_every_engine(node: Launched)
     for stage in ("Loading weights took", "torch.compile took", "Graph capturing finished",
                   "Starting vLLM server on http://127.0.0.1", "Application startup complete."):
         assert stage in log
+    assert KEY not in log  # non-default args are logged with the key redacted, as vLLM does
 
 
 def test_routes_answer_as_vllms_do_and_v1_needs_the_key(node: Launched) -> None:
@@ -386,6 +387,10 @@ def test_chat_answers_in_dsv4_parser_shapes(node: Launched) -> None:
     assert reply["content"] is None
     thought = _chat(node.url, "What is 17 + 25?", auth())
     assert "42" in thought["content"] and thought["reasoning"] and "</think>" not in thought["content"]
+    scored = httpx.post(node.url + "/v1/chat/completions", headers=auth(), timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+        "logprobs": True, "top_logprobs": 2}).json()["choices"][0]["logprobs"]["content"]
+    assert scored and all(entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 2 for entry in scored)
     follow_up = httpx.post(node.url + "/v1/chat/completions", headers=auth(), timeout=30, json={
         "model": MODEL, "max_tokens": 64, "chat_template_kwargs": {"thinking": False}, "return_prompt_text": True,
         "tools": WEATHER, "tool_choice": "auto",

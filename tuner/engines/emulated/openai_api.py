@@ -20,8 +20,8 @@ from tuner.engines.emulated.dsv4_output import ChatOutput
 from tuner.engines.emulated.pseudo_model import PseudoModel
 from tuner.engines.emulated.tokenizer import TOKENIZER
 
-__all__ = ["Answer", "ApiError", "chat_chunk", "chat_response", "completion_chunk", "completion_response",
-           "error_body", "prompt_logprobs", "usage"]
+__all__ = ["Answer", "ApiError", "chat_chunk", "chat_logprobs", "chat_response", "completion_chunk",
+           "completion_response", "error_body", "prompt_logprobs", "usage"]
 
 
 class ApiError(Exception):
@@ -102,6 +102,20 @@ def completion_logprobs(model: PseudoModel, answer: Answer, top_k: int) -> dict[
     return {"text_offset": offsets, "token_logprobs": token_logprobs, "tokens": tokens, "top_logprobs": top}
 
 
+def chat_logprobs(model: PseudoModel, answer: Answer, top_k: int) -> dict[str, Any]:
+    """``choices[0].logprobs`` of a chat answer (``logprobs: true``, ``top_logprobs: k``)."""
+    seq = list(answer.prompt_ids)
+    content = []
+    for token in answer.ids:
+        text = TOKENIZER.token_str(token)
+        top = [{"token": TOKENIZER.token_str(c), "logprob": lp, "bytes": list(TOKENIZER.token_str(c).encode())}
+               for c, lp in model.top(seq)[:top_k]]
+        content.append({"token": text, "logprob": model.logprob(seq, token), "bytes": list(text.encode()),
+                        "top_logprobs": top})
+        seq.append(token)
+    return {"content": content}
+
+
 def completion_response(answer: Answer, *, logprobs: dict[str, Any] | None, prompt_lps: list[Any] | None,
                         return_token_ids: bool, echo_text: str = "") -> dict[str, Any]:
     return {
@@ -149,11 +163,12 @@ def chat_message(output: ChatOutput) -> dict[str, Any]:
     return message
 
 
-def chat_response(answer: Answer, *, prompt_text: str | None, return_token_ids: bool) -> dict[str, Any]:
+def chat_response(answer: Answer, *, prompt_text: str | None, return_token_ids: bool,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     assert answer.chat is not None
     return {
         "id": answer.request_id, "object": "chat.completion", "created": answer.created, "model": answer.model,
-        "choices": [{"index": 0, "message": chat_message(answer.chat), "logprobs": None,
+        "choices": [{"index": 0, "message": chat_message(answer.chat), "logprobs": logprobs,
                      "finish_reason": answer.finish_reason, "stop_reason": None,
                      "token_ids": list(answer.ids) if return_token_ids else None, "routed_experts": None}],
         "service_tier": None, "system_fingerprint": None, "usage": usage(answer), "prompt_logprobs": None,

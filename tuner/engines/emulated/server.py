@@ -34,6 +34,7 @@ from tuner.engines.emulated.openai_api import (
     Answer,
     ApiError,
     chat_chunk,
+    chat_logprobs,
     chat_response,
     completion_chunk,
     completion_logprobs,
@@ -444,7 +445,8 @@ class EmulatedServer:
             return await self._stream(request, answer, group, sink, chat=True, body=body)
         await self._finished(group, sink)
         prompt_text = rendered.prompt if body.get("return_prompt_text") else None
-        return web.json_response(chat_response(answer, prompt_text=prompt_text,
+        lps = chat_logprobs(self.pseudo, answer, int(body.get("top_logprobs") or 0)) if body.get("logprobs") else None
+        return web.json_response(chat_response(answer, prompt_text=prompt_text, logprobs=lps,
                                                return_token_ids=bool(body.get("return_token_ids"))))
 
     async def _finished(self, group: Group, sink: StreamSink) -> None:

@@ -73,8 +73,13 @@ def parse_serve_args(argv: Sequence[str], parser: argparse.ArgumentParser | None
     return args
 
 
+SENSITIVE_ARGS = frozenset({"api_key", "hf_token", "watermark_config"})
+"""Logged as ``***`` (vLLM's ``redact_sensitive_args``)."""
+
+
 def nondefault_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """What vLLM logs as ``non-default args``: every option whose value differs from the parser's default."""
+    """What vLLM logs as ``non-default args``: every option whose value differs from the parser's default,
+    secrets redacted."""
     out: dict[str, Any] = {}
     for key, value in vars(args).items():
         try:
@@ -82,7 +87,10 @@ def nondefault_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         except AttributeError:
             continue
         if value != default and value is not None:
-            out[key] = value if isinstance(value, (str, int, float, bool, list, dict)) else str(value)
+            if key in SENSITIVE_ARGS:
+                out[key] = "***"
+            else:
+                out[key] = value if isinstance(value, (str, int, float, bool, list, dict)) else str(value)
     return out
 
 
