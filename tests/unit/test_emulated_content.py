@@ -156,6 +156,21 @@ def test_settings_come_from_the_environment_and_refuse_nonsense() -> None:
         EmulatorSettings.from_env({"DSV4_EMULATOR_MULTIPLICITY": "0"})
 
 
+def test_the_node_resolves_its_checkpoint_and_truth_from_the_model_and_settings() -> None:
+    from tuner.engines.emulated.cli import resolve_checkpoint, resolve_truth
+    from tuner.search.profile import load_profile
+
+    profile = load_profile("gh200x4")
+    plain = EmulatorSettings()
+    assert resolve_checkpoint(plain, "deepseek-ai/DeepSeek-V4-Flash", profile).name == "preview"
+    assert resolve_checkpoint(plain, "canada-quant/DeepSeek-V4-Flash-W4A16-FP8-MTP", profile).name == "w4a16-fp8-mtp"
+    assert resolve_checkpoint(plain, "my-local-copy", profile).name == "0731"  # the profile's
+    assert resolve_truth(plain) == nominal_truth()
+    seeded = resolve_truth(EmulatorSettings(truth_seed=5, faults=("oom_under_load",)))
+    assert seeded.coefficients != nominal_truth().coefficients and seeded.seed == 5
+    assert seeded.failure(EmulatedConfig(), "oom_under_load") is not None
+
+
 def test_units_convert_client_measurements_to_the_node() -> None:
     units = Units(time_scale=20.0, multiplicity=43)
     assert units.node_seconds(0.5) == 10.0
