@@ -7,34 +7,19 @@ tuner is imported by the emulator, so when those modules move only this file cha
 
 from __future__ import annotations
 
-try:  # the layout after the restructuring of issue #13
-    from tuner.search.checkpoints import Checkpoint, load_catalog, load_checkpoint
-    from tuner.search.feasibility import (
-        DEFAULT_BATCHED_TOKENS,
-        DEFAULT_MAX_NUM_SEQS,
-        GB,
-        GIB,
-        N_LAYERS,
-        VOCAB_SIZE,
-        RankMemory,
-        kv_bytes_per_token,
-        rank_memory,
-    )
-    from tuner.search.profile import HardwareProfile, load_profile
-except ImportError:  # pragma: no cover - the flat layout before it
-    from tuner.checkpoints import Checkpoint, load_catalog, load_checkpoint  # type: ignore[no-redef]
-    from tuner.feasibility import (  # type: ignore[no-redef]
-        DEFAULT_BATCHED_TOKENS,
-        DEFAULT_MAX_NUM_SEQS,
-        GB,
-        GIB,
-        N_LAYERS,
-        VOCAB_SIZE,
-        RankMemory,
-        kv_bytes_per_token,
-        rank_memory,
-    )
-    from tuner.profile import HardwareProfile, load_profile  # type: ignore[no-redef]
+from tuner.search.checkpoints import Checkpoint, load_catalog, load_checkpoint
+from tuner.search.feasibility import (
+    DEFAULT_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    GB,
+    GIB,
+    N_LAYERS,
+    VOCAB_SIZE,
+    RankMemory,
+    kv_bytes_per_token,
+    rank_memory,
+)
+from tuner.search.profile import HardwareProfile, load_profile
 
 __all__ = [
     "DEFAULT_BATCHED_TOKENS",
