@@ -1,0 +1,180 @@
+"""Evidence is data: every table of figures in README.md and docs/ is rebuilt from a committed file.
+
+A claim lives in ``docs/evidence/<claim>/``: small data files (JSON, CSV) and a ``tables.py`` that
+turns them into markdown. ``tables.py`` defines ``TABLES: dict[str, Callable[[Path], str]]``; each
+callable gets the claim's folder and returns the markdown (a table, a line, or a single figure).
+
+A document embeds a table between two markers, which this script rewrites or checks::
+
+    <!-- evidence: <claim>/<table> -->
+    | what | figure |
+    |---|---|
+    | ... | ... |
+    <!-- /evidence -->
+
+A figure inside a sentence works the same way, on one line:
+``throughput rose to <!-- evidence: claim/peak -->12,802<!-- /evidence --> tok/s``.
+
+    python scripts/evidence.py --check     # exit 1 and show what differs (run by the test suite)
+    python scripts/evidence.py --write     # rewrite every marked block from its data
+    python scripts/evidence.py --list      # every marker, and the claim folders no document uses
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parent.parent
+EVIDENCE = REPO / "docs" / "evidence"
+MARKER = re.compile(r"<!-- evidence: (?P<ref>[\w.\-]+/[\w.\-]+) -->(?P<body>.*?)<!-- /evidence -->", re.DOTALL)
+
+Table = Callable[[Path], str]
+
+
+class EvidenceError(Exception):
+    """A marker names a claim or table that does not exist, or a table cannot be built."""
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: Path
+    ref: str
+    body: str
+    inline: bool
+
+    @property
+    def claim(self) -> str:
+        return self.ref.split("/", 1)[0]
+
+    @property
+    def table(self) -> str:
+        return self.ref.split("/", 1)[1]
+
+
+def documents(repo: Path = REPO) -> list[Path]:
+    docs = [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+    return [d for d in docs if d.is_file()]
+
+
+def blocks(doc: Path) -> Iterator[Block]:
+    text = doc.read_text(encoding="utf-8")
+    for match in MARKER.finditer(text):
+        body = match.group("body")
+        yield Block(doc=doc, ref=match.group("ref"), body=body, inline="\n" not in body)
+
+
+def _load_tables(claim_dir: Path) -> dict[str, Table]:
+    path = claim_dir / "tables.py"
+    if not path.is_file():
+        raise EvidenceError(f"{claim_dir.relative_to(REPO)}: no tables.py. Fix: add one that defines TABLES")
+    spec = importlib.util.spec_from_file_location(f"_evidence_{claim_dir.name.replace('-', '_')}", path)
+    if spec is None or spec.loader is None:
+        raise EvidenceError(f"cannot import {path}")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tables = getattr(module, "TABLES", None)
+    if not isinstance(tables, dict):
+        raise EvidenceError(f"{path.relative_to(REPO)} defines no TABLES dict. Fix: TABLES = {{'name': func}}")
+    return tables
+
+
+class Builder:
+    """Builds each referenced table once, from ``docs/evidence/<claim>/``."""
+
+    def __init__(self, evidence: Path = EVIDENCE) -> None:
+        self.evidence = evidence
+        self._tables: dict[str, dict[str, Table]] = {}
+
+    def build(self, ref: str) -> str:
+        claim, name = ref.split("/", 1)
+        folder = self.evidence / claim
+        if not folder.is_dir():
+            raise EvidenceError(f"evidence {ref}: no folder docs/evidence/{claim}/")
+        if claim not in self._tables:
+            self._tables[claim] = _load_tables(folder)
+        table = self._tables[claim].get(name)
+        if table is None:
+            known = ", ".join(sorted(self._tables[claim])) or "none"
+            raise EvidenceError(f"evidence {ref}: docs/evidence/{claim}/tables.py has no table {name!r} "
+                                f"(known: {known})")
+        return table(folder).strip()
+
+
+def _render(block: Block, built: str) -> str:
+    return built if block.inline else f"\n{built}\n"
+
+
+def check(repo: Path = REPO) -> list[str]:
+    """One message per marked block whose text differs from what its data builds (empty: all agree)."""
+    builder = Builder(repo / "docs" / "evidence")
+    problems: list[str] = []
+    for doc in documents(repo):
+        for block in blocks(doc):
+            try:
+                want = _render(block, builder.build(block.ref))
+            except EvidenceError as exc:
+                problems.append(f"{doc.relative_to(repo)}: {exc}")
+                continue
+            if block.body.strip() != want.strip():
+                diff = "\n".join(difflib.unified_diff(block.body.strip().splitlines(), want.strip().splitlines(),
+                                                      "in the document", "built from the data", lineterm=""))
+                problems.append(f"{doc.relative_to(repo)}: {block.ref} differs from its data "
+                                f"(fix: python scripts/evidence.py --write)\n{diff}")
+    return problems
+
+
+def write(repo: Path = REPO) -> list[Path]:
+    builder = Builder(repo / "docs" / "evidence")
+    changed: list[Path] = []
+    for doc in documents(repo):
+        text = doc.read_text(encoding="utf-8")
+
+        def replace(match: re.Match[str], doc: Path = doc) -> str:
+            block = Block(doc=doc, ref=match.group("ref"), body=match.group("body"),
+                          inline="\n" not in match.group("body"))
+            return f"<!-- evidence: {block.ref} -->{_render(block, builder.build(block.ref))}<!-- /evidence -->"
+
+        new = MARKER.sub(replace, text)
+        if new != text:
+            doc.write_text(new, encoding="utf-8")
+            changed.append(doc)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true")
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--list", action="store_true")
+    args = parser.parse_args(argv)
+    if args.check:
+        problems = check()
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
+    if args.write:
+        for doc in write():
+            print(f"rewrote {doc.relative_to(REPO)}")
+        return 0
+    used = set()
+    for doc in documents():
+        for block in blocks(doc):
+            used.add(block.claim)
+            print(f"{doc.relative_to(REPO)}: {block.ref}")
+    for folder in sorted(p for p in EVIDENCE.iterdir() if p.is_dir()) if EVIDENCE.is_dir() else []:
+        if (folder / "tables.py").is_file() and folder.name not in used:
+            print(f"unused claim: docs/evidence/{folder.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
