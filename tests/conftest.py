@@ -1,17 +1,25 @@
-"""Shared fixtures: the generated tiny model, and the gate for tests that start a real vLLM server."""
+"""Shared fixtures (the generated tiny model, synthetic trials) and the CI gate.
+
+Under CI (``DSV4_CI=1``, set by ``.ci/run``) every required part (vLLM, torch, Ray, PostgreSQL; see
+``tests/ci_parts.py``) must be here, or the run stops before the first test with the list of what is
+missing; and no test may skip or xfail: either becomes a failure that names the reason. The one
+exception is a test marked ``gpu`` on a machine without one; the summary prints that it was skipped.
+Outside CI, a test that needs vLLM is skipped when vLLM is not installed.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
+
+from tests.ci_parts import failure_message, missing_parts, under_ci, vllm_cli
 
 if TYPE_CHECKING:
     from tuner.search.space import ServeConfig
@@ -26,14 +34,6 @@ REPO = Path(__file__).resolve().parent.parent
 settings.register_profile("gate", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False, max_examples=1000)
 settings.load_profile(os.environ.get("DSV4_HYPOTHESIS_PROFILE", "gate"))
-
-
-def vllm_cli() -> str | None:
-    """The `vllm` script of this environment (beside the interpreter), or on PATH."""
-    beside = Path(sys.executable).parent / "vllm"
-    if beside.is_file():
-        return str(beside)
-    return shutil.which("vllm")
 
 
 def synthetic_record(tmp_path: Path, *, name: str, trials: int | None, hw: str = "cpu",
@@ -63,16 +63,62 @@ def synthetic_outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, repeat
                         config_key=config.key(), repeat_values=(value,) * repeats)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under CI, stop before collecting anything when a required part is missing."""
+    if under_ci():
+        missing = missing_parts()
+        if missing:
+            raise pytest.UsageError(failure_message(missing))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     have_vllm = importlib.util.find_spec("vllm") is not None and vllm_cli() is not None
-    required = os.environ.get("DSV4_REQUIRE_VLLM") == "1"
+    if have_vllm or under_ci():  # under CI pytest_configure has already refused a run without vLLM
+        return
     for item in items:
-        if "server" in item.keywords and not have_vllm:
-            if required:
-                item.add_marker(pytest.mark.xfail(reason="DSV4_REQUIRE_VLLM=1 but vLLM is not installed",
-                                                  run=False, strict=True))
-            else:
-                item.add_marker(pytest.mark.skip(reason="vLLM (CPU build) not installed; run scripts/setup.sh"))
+        if "server" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="vLLM (CPU build) not installed; run scripts/setup.sh"))
+
+
+def _ci_verdict(report: pytest.TestReport | pytest.CollectReport, *, gpu: bool) -> None:
+    """Under CI a skip or an xfail is a failure (a ``gpu`` test's skip excepted); rewrite ``report``."""
+    if not under_ci() or not report.skipped or (gpu and not hasattr(report, "wasxfail")):
+        return
+    if hasattr(report, "wasxfail"):
+        what, why = "xfailed", str(report.wasxfail)
+    else:
+        longrepr = report.longrepr
+        why = str(longrepr[2]) if isinstance(longrepr, tuple) else str(longrepr)
+        what = "skipped"
+        report.sections.append(("DSV4_CI", why))
+    report.outcome = "failed"
+    report.longrepr = (f"DSV4_CI=1: this test {what}, and under CI nothing may be skipped or xfailed "
+                       f"(only a `gpu` test on a machine without a GPU). Reason given: {why}")
+    if hasattr(report, "wasxfail"):
+        del report.wasxfail
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    _ci_verdict(report, gpu=item.get_closest_marker("gpu") is not None)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport:
+    report: pytest.CollectReport = yield
+    _ci_verdict(report, gpu=False)  # a whole module skipped (importorskip at import) is never the GPU test
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say which GPU-only tests were skipped: under CI, the only skips allowed."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "gpu" in getattr(r, "keywords", {})]
+    if under_ci() and skipped:
+        terminalreporter.write_line(f"DSV4_CI=1: {len(skipped)} GPU-only test(s) skipped (no GPU on this "
+                                    "machine), the one allowed exception: "
+                                    + ", ".join(r.nodeid for r in skipped))
 
 
 @pytest.fixture(scope="session")

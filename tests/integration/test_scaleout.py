@@ -22,6 +22,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from tests.ci_parts import under_ci
 from tests.conftest import REPO
 from tuner.backends.node import REFERENCE_ATTR, NodeIdentity
 from tuner.backends.storage import make_storage, mask_url, resolve_storage_url
@@ -45,7 +46,6 @@ OBJECTIVE = {
     "slos": {"p95_ttft_ms": 60000},
     "workload": {"input_len": 32, "output_len": 16, "num_prompts": 8, "concurrency": 4, "warmup_prompts": 1},
 }
-STRICT = os.environ.get("DSV4_REQUIRE_VLLM") == "1"  # CI: a service that cannot start is a failure
 
 
 def _start(which: str) -> dict[str, str]:
@@ -53,7 +53,7 @@ def _start(which: str) -> dict[str, str]:
                           text=True, timeout=600, check=False)
     if proc.returncode != 0:
         message = f"scripts/ci_services.sh start {which} failed: {proc.stderr[-2000:]}"
-        if STRICT:
+        if under_ci():  # CI: a service that cannot start is a failure
             pytest.fail(message)
         pytest.skip(message)
     exports: dict[str, str] = {}
