@@ -21,6 +21,7 @@ from tuner.errors import (
     StudyError,
     StudyLockedError,
     TunerError,
+    UnconfirmedWinnerError,
     UnknownNameError,
     UsageError,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "TrialContext",
     "TrialOutcome",
     "TunerError",
+    "UnconfirmedWinnerError",
     "UnknownNameError",
     "UsageError",
     "Workload",

@@ -70,6 +70,23 @@ class NoFeasibleTrialError(StudyError):
     """Export was asked for, but no trial passed its gates and SLOs."""
 
 
+class UnconfirmedWinnerError(StudyError):
+    """Export was asked for, but no candidate was confirmed (and ``--accept-unconfirmed`` was not given)."""
+
+
+class SearchStalledError(StudyError):
+    """The search cannot go on: its proposals were all launched before, or all refused before launch.
+
+    ``kind`` is ``exhausted`` (the sampler only proposes configurations already told: the space is
+    covered) or ``refused`` (every proposal is pruned or refused before launch: a study that spins).
+    """
+
+    def __init__(self, message: str, *, kind: str, counts: dict[str, int]) -> None:
+        self.kind = kind
+        self.counts = counts
+        super().__init__(message)
+
+
 class NodeMismatchError(StudyError):
     """This node differs from the study's reference node; its results would not be comparable."""
 

@@ -5,7 +5,10 @@
     identity.json   the serving identity and the figures behind the choice
     evidence/       the winning trial's records (config, command, outcome, load summary, metrics)
 
-A trial that failed a gate, crashed or missed an SLO is never exported.
+A trial that failed a gate, crashed or missed an SLO is never exported. A winner that was not
+confirmed is exported only with ``accept_unconfirmed`` (``--accept-unconfirmed``), or when the study
+turned confirmation off; it is then labelled in every file, and a rejected confirmation's repeats are
+written into ``identity.json``, ``serve.sh`` and ``profile.yaml``, never dropped.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import yaml
 
 from tuner import store
 from tuner.backends.node import runtime_identity
-from tuner.errors import NoFeasibleTrialError, StudyError
+from tuner.errors import NoFeasibleTrialError, StudyError, UnconfirmedWinnerError
 from tuner.objective import constraint_names
-from tuner.study import Confirmation, Study, resolve_model
+from tuner.study import Confirmation, Study, Winner, resolve_model
 
 EXPORT_PORT = 8000
 EVIDENCE_FILES = ("config.json", "command.json", "outcome.json", "load.json", "server_metrics.json",
@@ -64,7 +67,7 @@ def serve_script(study_name: str, trial_number: int, headline: str, env: dict[st
     lines = [
         "#!/usr/bin/env bash",
         f"# dsv4-tune export: study {study_name}, trial {trial_number}",
-        f"# {headline}",
+        *(f"# {line}" for line in headline.splitlines()),
         "# Secrets (HF_TOKEN, VLLM_API_KEY, ...) are taken from your environment; none is written here.",
         "# Extra vllm flags may follow: ./serve.sh --port 9000",
         "set -euo pipefail",
@@ -80,8 +83,30 @@ def serve_script(study_name: str, trial_number: int, headline: str, env: dict[st
     return "\n".join(lines) + "\n"
 
 
-def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
-    """Write the launch files of the winner (best confirmed, else best feasible); return the folder."""
+def headline(study_obj: Study, winner: Winner) -> str:
+    """The lines every exported file starts with: the value, how far it is confirmed, and every rejection."""
+    metric = study_obj.objective.metric
+    lines = [f"{metric} = {winner.value:.2f} on workload {study_obj.objective.name!r}, "
+             f"SLOs {study_obj.objective.slos}",
+             winner.describe(metric)]
+    for c in winner.rejected:
+        if c is winner.confirmation:
+            continue
+        label = f"trial {c.trial}" + (f" (control of trial {c.control_of})" if c.control_of is not None else "")
+        repeats = " / ".join(f"{v:.1f}" for v in c.values) or "none measured"
+        lines.append(f"also REJECTED in confirmation: {label}: repeats {repeats} ({c.reason})")
+    if not winner.confirmed and not winner.confirmation_off:
+        lines.append("exported with --accept-unconfirmed: no candidate was confirmed")
+    return "\n".join(lines)
+
+
+def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfirmed: bool = False) -> Path:
+    """Write the launch files of the winner; return the folder.
+
+    The winner is the best confirmed candidate. When none was confirmed this raises
+    :class:`UnconfirmedWinnerError`, unless ``accept_unconfirmed`` (or the study turned confirmation
+    off): then the best screening trial is written, labelled, with every rejected confirmation's repeats.
+    """
     study = study_obj.optuna_study()
     winner = study_obj.winner(study)
     if winner is None:
@@ -90,6 +115,8 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
             f"study {study_obj.record.name!r} has no trial that passed its gates and met its SLOs "
             f"({counts}). Fix: look at trials.csv and the trials' outcome.json; relax --slo limits or "
             "run more trials")
+    if not winner.exportable_without_consent and not accept_unconfirmed:
+        raise UnconfirmedWinnerError(winner.refusal(study_obj.record.name, study_obj.objective.metric))
     tdir = winner.trial_dir
     config_path = tdir / "config.json"
     if not config_path.is_file():
@@ -110,19 +137,20 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None) -> Path:
     # disk mid-export leaves the previous export whole, never files of two different winners.
     best_dir = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.staging-"))
     try:
-        metric = study_obj.objective.metric
-        status = "confirmed" if winner.confirmed else "UNCONFIRMED (single screening run)"
-        headline = (f"{metric} = {winner.value:.2f} ({status}) on workload {study_obj.objective.name!r}, "
-                    f"SLOs {study_obj.objective.slos}")
-        header = f"# dsv4-tune export: study {study_obj.record.name}, trial {winner.trial}\n# {headline}\n"
+        head = headline(study_obj, winner)
+        header = (f"# dsv4-tune export: study {study_obj.record.name}, trial {winner.trial}\n"
+                  + "".join(f"# {line}\n" for line in head.splitlines()))
         store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
         env = {k: v for k, v in command.get("env", {}).items() if k != study_obj.engine.api_key_env}
         store.write_text(best_dir / "serve.sh",
-                         serve_script(study_obj.record.name, winner.trial, headline, env, study_obj.record.vllm_cmd),
+                         serve_script(study_obj.record.name, winner.trial, head, env, study_obj.record.vllm_cmd),
                          mode=0o755)
         identity = _identity(study_obj, study, winner.trial, winner.value, options, outcome, ctx_model)
         identity["confirmed"] = winner.confirmed
+        identity["confirmation_status"] = winner.status
         identity["confirmation"] = winner.confirmation.to_json() if winner.confirmation else None
+        identity["rejected_confirmations"] = [c.to_json() for c in winner.rejected]
+        identity["accepted_unconfirmed"] = not winner.confirmed and not winner.confirmation_off
         store.write_json(best_dir / "identity.json", identity)
         evidence = best_dir / "evidence"
         evidence.mkdir(exist_ok=True)

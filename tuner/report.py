@@ -182,10 +182,18 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
              f"- trials: {len(trials)} told ({sum(1 for t in trials if t.user_attrs.get('launched', True))} "
              f"launched), {len(ranked)} feasible",
              ""]
-    if winner is not None:
-        state = "confirmed" if winner.confirmed else "unconfirmed: single screening run"
-        lines += [f"**Winner: trial {winner.trial}, {obj.metric} = {winner.value:.2f} ({state}).** "
-                  f"Launch files: `best/profile.yaml`, `best/serve.sh`.", ""]
+    if winner is not None and winner.exportable_without_consent:
+        lines += [f"**Winner: trial {winner.trial}, {obj.metric} = {winner.value:.2f}** "
+                  f"({winner.describe(obj.metric)}). Launch files: `best/profile.yaml`, `best/serve.sh`.", ""]
+    elif winner is not None:
+        lines += [f"**No candidate was confirmed.** Best screening trial: trial {winner.trial}, {obj.metric} = "
+                  f"{winner.value:.2f} ({winner.describe(obj.metric)}).", ""]
+        lines += [f"- rejected: trial {c.trial}" + (f" (control of {c.control_of})" if c.control_of is not None
+                                                    else "")
+                  + f": repeats {', '.join(f'{v:.1f}' for v in c.values) or 'none'} ({c.reason})"
+                  for c in winner.rejected]
+        lines += ["", "Launch files are written only by `dsv4-tune export "
+                  f"{study_obj.record.name} --accept-unconfirmed`, and then carry these repeats.", ""]
     else:
         lines += ["**No trial passed its gates and met its SLOs.**", ""]
     for key, title in (("ttft", "Throughput against p95 TTFT"), ("itl", "Throughput against p95 ITL"),

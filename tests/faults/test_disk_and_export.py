@@ -144,14 +144,15 @@ def test_store_turns_a_full_disk_into_a_clear_error(small_fs: Path) -> None:
 
 # -- interrupted export ----------------------------------------------------------------------------
 def _study_with_two_winners(tmp_path: Path) -> Any:
-    from tuner.study import Study, StudyRecord
+    from tuner.study import ConfirmSpec, Study, StudyRecord
 
     (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(CPU_PROFILE))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    # confirmation off: these trials are told by hand, so the export needs no --accept-unconfirmed
     study = Study.create(StudyRecord(name="exp", hw=str(tmp_path / "cpu.yaml"), objective="throughput",
-                                     model=str(model), trials=2), tmp_path / "runs")
+                                     model=str(model), trials=2, confirm=ConfirmSpec(top_k=0)), tmp_path / "runs")
     ostudy = study.optuna_study()
     for number, (seqs, value) in enumerate(((4, 100.0), (8, 200.0))):
         trial = ostudy.ask({"max-num-seqs": optuna.distributions.CategoricalDistribution([4, 8])})

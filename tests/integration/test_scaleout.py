@@ -242,7 +242,8 @@ def test_two_workers_share_a_study_and_a_dead_workers_trial_is_finished_by_the_o
     # export works from any node that sees the runs dir and the database
     from tuner.export import export_best
 
-    best = export_best(open_shared(name, runs, make_storage(pg_url), url=pg_url))
+    # the workers screened only (nothing confirmed yet), so the export must be asked for as unconfirmed
+    best = export_best(open_shared(name, runs, make_storage(pg_url), url=pg_url), accept_unconfirmed=True)
     assert (best / "profile.yaml").is_file()
     assert _files_with(runs / name, _password(pg_url)) == []
 
@@ -258,7 +259,8 @@ def test_ray_backend_reserves_a_node_per_trial_and_retries_a_lost_trial(
         [sys.executable, "-m", "tuner.cli", "run", "--backend", "ray", "--ray-address", ray_address,
          "--hw", str(catalog["profile"]), "--objective", str(catalog["objective"]), "--model", str(demo_model),
          "--trials", "2", "--study", name, "--runs-dir", str(runs), "--guards", "none", "--gpus-per-trial", "1",
-         "--max-retries", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+         "--max-retries", "1", "--accept-unconfirmed"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     procs.append(driver)
 
     def first_server() -> Path | None:

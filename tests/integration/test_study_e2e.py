@@ -70,7 +70,7 @@ def study_run(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dic
     # --prevalidate off: the rejected flag must reach a real launch here (the parser check has its own test).
     proc = _cli("--hw", str(profile), "--objective", str(objective), "--trials", "3", "--study", STUDY,
                 "--model", str(demo_model), "--prevalidate", "off", "--confirm-top-k", "1",
-                "--confirm-repeats", "2", runs=runs)
+                "--confirm-repeats", "2", "--accept-unconfirmed", runs=runs)
     return {"proc": proc, "runs": runs, "study": runs / STUDY}
 
 
@@ -137,6 +137,9 @@ def test_winner_is_exported_and_no_secret_leaks(study_run: dict[str, object]) ->
     assert profile["host"] == "127.0.0.1"
     assert identity["trial"] in (1, 2)
     assert identity["objective"]["value"] > 0
+    # confirmed, or exported under --accept-unconfirmed with its verdict and repeats kept
+    assert identity["confirmation"] is not None and len(identity["confirmation"]["values"]) == 2
+    assert identity["confirmation_status"] == ("confirmed" if identity["confirmed"] else "rejected")
     assert os.access(best / "serve.sh", os.X_OK)
     for path in study.rglob("*"):
         if path.is_file() and path.suffix != ".db":
@@ -163,7 +166,8 @@ def test_exported_profile_starts_a_server_that_answers(study_run: dict[str, obje
 def test_resume_adds_trials_and_keeps_the_finished_ones(study_run: dict[str, object]) -> None:
     study = Path(str(study_run["study"]))
     before = {name: (study / f"trials/{name}/outcome.json").read_bytes() for name in _outcomes(study)}
-    proc = _cli("resume", STUDY, "--trials", "4", "--no-export", runs=Path(str(study_run["runs"])))
+    proc = _cli("resume", STUDY, "--trials", "4", "--no-export", "--accept-unconfirmed",
+                runs=Path(str(study_run["runs"])))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     after = _outcomes(study)
     assert len(after) == 4

@@ -22,7 +22,7 @@ from tuner import catalog
 from tuner.cli import scaleout
 from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, record_from_args
 from tuner.engines import default_engine
-from tuner.errors import CatalogError, TunerError, UnknownNameError, UsageError
+from tuner.errors import CatalogError, TunerError, UnconfirmedWinnerError, UnknownNameError, UsageError
 
 if TYPE_CHECKING:
     from tuner.study import Progress, Study
@@ -31,6 +31,8 @@ console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)  # errors go to stderr
 SCALEOUT: dict[str, scaleout.Command] = {}
 SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report", "worker"}
+EXIT_UNCONFIRMED = 3
+"""Exit code when the study found feasible trials but confirmed none (and --accept-unconfirmed was not given)."""
 HW_HELP = "hardware profile: a name in search_spaces/ (see `dsv4-tune list`) or a YAML path"
 
 
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override an SLO limit, e.g. --slo p95_ttft_ms=2000 (repeatable)")
     run.add_argument("--ready-timeout", type=float, help="seconds a launch may take to become ready")
     run.add_argument("--no-export", action="store_true", help="do not export the winner at the end")
+    _add_accept_unconfirmed(run)
     run.add_argument("--checkpoint", help="checkpoint catalog name (preview, 0731, w4a16-fp8-mtp, nvfp4-fp8); "
                      "binds the draft method, size and revision (default: the hardware profile's)")
     run.add_argument("--prevalidate", choices=["auto", "on", "off"], default="auto",
@@ -76,10 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--trials", type=positive_int, help="new total trial target")
     resume.add_argument("--budget", help="wall time for this session of the study")
     resume.add_argument("--no-export", action="store_true")
+    _add_accept_unconfirmed(resume)
     _add_runs_dir(resume)
 
     export = sub.add_parser("export", help="write the best feasible trial's launch files to <study>/best/")
     export.add_argument("name")
+    _add_accept_unconfirmed(export)
     _add_runs_dir(export)
 
     report = sub.add_parser("report", help="write report.md / report.html with plots for a study")
@@ -105,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     SCALEOUT.update(scaleout.add_commands(sub))
     return parser
+
+
+def _add_accept_unconfirmed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept-unconfirmed", action="store_true",
+                   help="when no candidate was confirmed, export the best screening trial anyway, labelled "
+                   "with its rejected repeats (without it the study exits with code 3 and writes no launch file)")
 
 
 def _add_runs_dir(p: argparse.ArgumentParser) -> None:
@@ -150,10 +161,14 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
         console.print("[red]no trial passed its gates and met its SLOs[/]; see "
                       f"{study.path / 'trials.csv'}")
         return 1
-    label = "confirmed" if winner.confirmed else "[yellow]unconfirmed[/]"
-    console.print(f"winner: trial {winner.trial}, {study.objective.metric} = {winner.value:.2f} ({label})")
+    if not winner.exportable_without_consent and not args.accept_unconfirmed:
+        err_console.print(f"[red]error:[/] {winner.refusal(study.record.name, study.objective.metric)}",
+                          markup=True, highlight=False)
+        return EXIT_UNCONFIRMED
+    console.print(f"winner: trial {winner.trial}, {study.objective.metric} = {winner.value:.2f} "
+                  f"({winner.describe(study.objective.metric)})", markup=False)
     if not args.no_export:
-        out = export_best(study)
+        out = export_best(study, accept_unconfirmed=args.accept_unconfirmed)
         console.print(f"exported: {out}/profile.yaml and {out}/serve.sh")
     return 0
 
@@ -182,7 +197,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tuner.export import export_best
     from tuner.study import Study
 
-    out = export_best(Study.open(args.name, args.runs_dir))
+    out = export_best(Study.open(args.name, args.runs_dir), accept_unconfirmed=args.accept_unconfirmed)
     console.print(f"exported: {out}")
     return 0
 
@@ -288,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, CatalogError, UnknownNameError) as exc:
         err_console.print(f"[red]error:[/] {exc}", markup=True)
         return 2
+    except UnconfirmedWinnerError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        return EXIT_UNCONFIRMED
     except TunerError as exc:
         err_console.print(f"[red]error:[/] {exc}")
         return 1

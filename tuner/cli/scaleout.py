@@ -130,7 +130,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
     """``dsv4-tune run --backend ray ...``: the same study, its trials spread over a Ray cluster."""
     from tuner.backends.ray import RayOptions, run_study
     from tuner.export import export_best
-    from tuner.study import Study, best_feasible_trial
+    from tuner.study import Study
 
     record = record_from_args(args)
     study = Study.create(record, args.runs_dir)
@@ -143,11 +143,16 @@ def cmd_ray(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.warning("stopped; finished trials are kept in %s", study.path)
         return 130
-    best = best_feasible_trial(optuna_study)
-    if best is None:
+    winner = study.winner(optuna_study)
+    if winner is None:
         log.error("no trial passed its gates and met its SLOs; see %s", study.path / "trials.csv")
         return 1
-    log.info("best: trial %d, %s = %.2f", best.number, study.objective.metric, best.value or 0.0)
+    metric = study.objective.metric
+    if not winner.exportable_without_consent and not args.accept_unconfirmed:
+        # The Ray driver screens only: confirmation runs on one node (`dsv4-tune resume NAME`).
+        log.error("%s", winner.refusal(study.record.name, metric))
+        return 3
+    log.info("best: trial %d, %s = %.2f (%s)", winner.trial, metric, winner.value, winner.describe(metric))
     if not args.no_export:
-        log.info("exported: %s", export_best(study))
+        log.info("exported: %s", export_best(study, accept_unconfirmed=args.accept_unconfirmed))
     return 0

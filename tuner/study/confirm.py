@@ -119,12 +119,72 @@ RunTrial = Callable[..., TrialOutcome]
 
 @dataclass(frozen=True)
 class Winner:
+    """What the study would export, and how far it was confirmed.
+
+    ``status``: ``confirmed`` (its repeats agreed and met the SLOs), ``rejected`` (its confirmation ran
+    and was rejected: ``confirmation`` holds the verdict and its repeats), or ``unconfirmed`` (it was
+    never judged: confirmation off, out of time, or not run yet). Only a confirmed winner is exported
+    without ``--accept-unconfirmed``, unless the study turned confirmation off (``--confirm-top-k 0``).
+    """
+
     trial: int
     trial_dir: Path
     value: float
     confirmed: bool
     confirmation: Confirmation | None
+    """This winner's own verdict (accepted, or rejected), if its confirmation ran."""
     all_confirmations: tuple[Confirmation, ...]
+    confirmation_off: bool = False
+    """The study asked for no confirmation (``top_k`` 0)."""
+
+    @property
+    def status(self) -> str:
+        if self.confirmed:
+            return "confirmed"
+        return "rejected" if self.confirmation is not None else "unconfirmed"
+
+    @property
+    def rejected(self) -> tuple[Confirmation, ...]:
+        """Every rejected confirmation of the study (each with its repeats)."""
+        return tuple(c for c in self.all_confirmations if not c.accepted)
+
+    @property
+    def exportable_without_consent(self) -> bool:
+        """A confirmed winner, or one from a study that asked for no confirmation."""
+        return self.confirmed or (self.confirmation_off and self.confirmation is None)
+
+    def describe(self, metric: str) -> str:
+        """One line on how far the value is confirmed, with the repeats when a confirmation ran."""
+        if self.confirmed and self.confirmation is not None:
+            c = self.confirmation
+            return (f"confirmed: median of {len(c.values)} repeats ({_repeats(c)} {metric}), "
+                    f"robust score {c.robust:.2f}")
+        if self.confirmation is not None:
+            c = self.confirmation
+            return (f"REJECTED in confirmation: repeats {_repeats(c)} {metric} ({c.reason}); "
+                    f"{self.value:.2f} is its single screening run")
+        if self.confirmation_off:
+            return "UNCONFIRMED: confirmation was off (--confirm-top-k 0); a single screening run"
+        others = f"; {len(self.rejected)} other candidate(s) rejected" if self.rejected else ""
+        return f"UNCONFIRMED: its confirmation did not run (out of time, or not run yet){others}"
+
+    def refusal(self, study: str, metric: str) -> str:
+        """Why this winner is not exported without ``--accept-unconfirmed``, and what to do."""
+        lines = [f"study {study!r}: no candidate was confirmed, so no launch file is written."]
+        lines.append(f"Best screening trial: trial {self.trial}, {metric} = {self.value:.2f}; "
+                     f"{self.describe(metric)}.")
+        for c in self.rejected:
+            if c is not self.confirmation:
+                label = f"trial {c.trial}" + (f" (control of {c.control_of})" if c.control_of is not None else "")
+                lines.append(f"Also rejected: {label}: repeats {_repeats(c)} ({c.reason}).")
+        lines.append(f"Fix: run more or longer confirmations (`dsv4-tune resume {study}` with a --budget), or "
+                     f"export it anyway, labelled with its rejected repeats: `dsv4-tune export {study} "
+                     "--accept-unconfirmed`")
+        return "\n".join(lines)
+
+
+def _repeats(c: Confirmation) -> str:
+    return " / ".join(f"{v:.1f}" for v in c.values) if c.values else "none measured"
 
 
 @dataclass
@@ -220,15 +280,22 @@ class ConfirmationPhase:
         return dataclasses.replace(ctx, objective=self.objective.model_copy(update=update))
 
     def winner(self, study: optuna.Study) -> Winner | None:
-        """What to export: the best confirmed candidate, else the best feasible screening trial."""
+        """The best confirmed candidate, else the best feasible screening trial with its own verdict.
+
+        A screening trial whose confirmation was rejected keeps that verdict (and its repeats): it is
+        ``rejected``, never merely unconfirmed.
+        """
         confirmations = self.confirmations(study)
+        off = self.spec.top_k == 0
         chosen = pick_winner(confirmations, maximize=self.maximize)
         if chosen is not None:
             return Winner(trial=chosen.trial, trial_dir=self.path / chosen.trial_dir, value=chosen.median,
-                          confirmed=True, confirmation=chosen, all_confirmations=tuple(confirmations))
+                          confirmed=True, confirmation=chosen, all_confirmations=tuple(confirmations),
+                          confirmation_off=off)
         best = best_feasible_trial(study)
         if best is None or best.value is None:
             return None
+        own = [c for c in confirmations if c.trial == best.number and c.control_of is None]
         return Winner(trial=best.number, trial_dir=self.path / str(best.user_attrs["trial_dir"]), value=best.value,
-                      confirmed=False, confirmation=None, all_confirmations=tuple(confirmations))
-
+                      confirmed=False, confirmation=own[-1] if own else None,
+                      all_confirmations=tuple(confirmations), confirmation_off=off)

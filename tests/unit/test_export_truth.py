@@ -1,0 +1,105 @@
+"""The export never relabels a rejected winner, and never drops its repeats.
+
+The study runs through the real command line (``dsv4-tune run``, in process) with the launch replaced
+by a synthetic one: screening runs meet every SLO; every confirmation's repeats disagree as the
+committed CPU study's did (2293.9 / 632.7 / 3361.8 tok/s, a spread of 119 %). Before this was fixed
+the study exported the winner as "UNCONFIRMED (single screening run)" with ``"confirmation": null``
+and exited 0; these tests fail on that behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tuner.study.step as step_mod
+from tuner import store
+from tuner.cli.main import EXIT_UNCONFIRMED, main
+from tuner.objective import constraint_names
+from tuner.search.space import ServeConfig
+from tuner.trial import TrialContext, TrialOutcome
+
+NOISY = (2293.9, 632.7, 3361.8)
+STEADY = (2400.0, 2410.0, 2395.0)
+
+
+def _fake_launches(monkeypatch: pytest.MonkeyPatch, repeats_seen: tuple[float, ...]) -> None:
+    def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *, should_stop: Any = None,
+                  on_phase: Any = None, repeats: int = 1) -> TrialOutcome:
+        value = 1000.0 + 10.0 * float(config.args.get("max-num-seqs", 1))
+        values = repeats_seen if repeats > 1 else (value,)
+        store.write_json(tdir / "config.json", config.to_json())
+        store.write_json(tdir / "command.json", {"argv": ["vllm", "serve"], "env": {"HF_HUB_OFFLINE": "1"}})
+        constraints = tuple(-0.5 for _ in constraint_names(ctx.objective))
+        outcome = TrialOutcome(ok=True, value=values[0] if repeats == 1 else sorted(values)[len(values) // 2],
+                               constraints=constraints, failure_class=None, reason="synthetic",
+                               summary={"output_throughput": value}, server_metrics={}, ready_s=1.0,
+                               duration_s=5.0, trial_dir=str(tdir), config_key=config.key(), repeat_values=values)
+        store.write_json(tdir / "outcome.json", outcome.to_json())
+        return outcome
+
+    monkeypatch.setattr(step_mod, "run_trial", run_trial)
+
+
+def _run(tmp_path: Path, *extra: str) -> int:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    return main(["run", "--hw", "cpu", "--objective", "throughput", "--trials", "2", "--study", "s",
+                 "--model", str(model), "--prevalidate", "off", "--guards", "none", "--confirm-top-k", "1",
+                 "--confirm-repeats", "3", "--runs-dir", str(tmp_path / "runs"), *extra])
+
+
+def test_a_study_whose_confirmation_was_rejected_exports_nothing_and_exits_3(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_launches(monkeypatch, NOISY)
+    assert _run(tmp_path) == EXIT_UNCONFIRMED
+    out = capsys.readouterr()
+    text = " ".join((out.out + out.err).split())
+    assert "no candidate was confirmed" in text
+    assert "2293.9 / 632.7 / 3361.8" in text and "--accept-unconfirmed" in text
+    study = tmp_path / "runs" / "s"
+    assert not (study / "best").exists()
+    report = (study / "report.md").read_text()
+    assert "No candidate was confirmed" in report and "2293.9, 632.7, 3361.8" in report
+    # `export` refuses it too, with the same reason, and the same exit code
+    assert main(["export", "s", "--runs-dir", str(tmp_path / "runs")]) == EXIT_UNCONFIRMED
+    assert "2293.9 / 632.7 / 3361.8" in " ".join(capsys.readouterr().err.split())
+    assert not (study / "best").exists()
+
+
+def test_accept_unconfirmed_writes_the_rejected_repeats_into_every_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_launches(monkeypatch, NOISY)
+    assert _run(tmp_path, "--accept-unconfirmed") == 0
+    best = tmp_path / "runs" / "s" / "best"
+    identity = json.loads((best / "identity.json").read_text())
+    assert identity["confirmed"] is False and identity["confirmation_status"] == "rejected"
+    assert identity["accepted_unconfirmed"] is True
+    assert identity["confirmation"] is not None, "the rejected verdict was dropped"
+    assert tuple(identity["confirmation"]["values"]) == NOISY
+    assert identity["confirmation"]["trial"] == identity["trial"]
+    assert "repeats disagree" in identity["confirmation"]["reason"]
+    assert [tuple(c["values"]) for c in identity["rejected_confirmations"]] == [NOISY]
+    for name in ("serve.sh", "profile.yaml"):
+        text = (best / name).read_text()
+        assert "REJECTED in confirmation: repeats 2293.9 / 632.7 / 3361.8" in text, name
+        assert "exported with --accept-unconfirmed" in text, name
+        assert "UNCONFIRMED (single screening run)" not in text, name
+    confirmations = json.loads((best / "evidence" / "confirmations.json").read_text())
+    assert [tuple(c["values"]) for c in confirmations] == [NOISY]
+
+
+def test_a_confirmed_winner_exports_without_consent_and_says_so(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_launches(monkeypatch, STEADY)
+    assert _run(tmp_path) == 0
+    best = tmp_path / "runs" / "s" / "best"
+    identity = json.loads((best / "identity.json").read_text())
+    assert identity["confirmed"] is True and identity["confirmation_status"] == "confirmed"
+    assert identity["accepted_unconfirmed"] is False and identity["rejected_confirmations"] == []
+    assert identity["objective"]["value"] == pytest.approx(2400.0)  # the median repeat, not the screening run
+    assert "confirmed: median of 3 repeats (2400.0 / 2410.0 / 2395.0" in (best / "serve.sh").read_text()
