@@ -40,7 +40,9 @@ __all__ = ["AgentSpec", "LadderSpec", "Objective", "Score", "Workload", "constra
 
 _LATENCY_KEY = re.compile(r"^(mean|median|p\d{1,2}(\.\d+)?)_(ttft|tpot|itl|e2el|queue)_ms$")
 _RATE_KEYS = {"output_throughput", "total_token_throughput", "request_throughput"}
-METRIC_KEYS = _RATE_KEYS | {"request_goodput"}
+ENERGY_METRICS = {"tokens_per_joule": "maximize", "usd_per_mtok": "minimize"}
+"""Metrics from the GPUs' power (:mod:`tuner.load.power`), with the only direction that makes sense."""
+METRIC_KEYS = _RATE_KEYS | {"request_goodput"} | set(ENERGY_METRICS)
 _GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 
 
@@ -171,6 +173,21 @@ class Objective(BaseModel):
     """Per-request limits (``ttft_ms``, ``tpot_ms``, ``e2el_ms``) a request must meet to count as goodput."""
     guards: list[str] = Field(default_factory=list)
     """Correctness gates every trial must pass (names in ``guards/`` or YAML paths)."""
+    gpu_hour_usd: float | None = Field(default=None, gt=0)
+    """Price of one GPU-hour; with it every window reports ``usd_per_mtok`` (``--gpu-hour-usd`` overrides)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _energy_metric_direction(cls, data: object) -> object:
+        """An energy metric has one sensible direction: filled in when absent, an error when reversed."""
+        if isinstance(data, Mapping) and data.get("metric") in ENERGY_METRICS:
+            wanted = ENERGY_METRICS[str(data["metric"])]
+            if "direction" not in data:
+                return {**data, "direction": wanted}
+            if data["direction"] != wanted:
+                raise ValueError(f"metric {data['metric']} is only ever {wanted}d; set direction: {wanted} "
+                                 "(or leave direction out)")
+        return data
 
     @field_validator("metric")
     @classmethod
@@ -212,6 +229,12 @@ class Objective(BaseModel):
         slos = {**self.slos, **overrides}
         return Objective.model_validate({**self.model_dump(), "slos": slos})
 
+    def with_price(self, gpu_hour_usd: float | None) -> Objective:
+        """The objective at this GPU-hour price (``--gpu-hour-usd``); None keeps the objective's own."""
+        if gpu_hour_usd is None:
+            return self
+        return Objective.model_validate({**self.model_dump(), "gpu_hour_usd": gpu_hour_usd})
+
 
 @dataclass(frozen=True)
 class Score:
@@ -231,7 +254,8 @@ def constraint_names(objective: Objective) -> list[str]:
 
 def score(objective: Objective, summary: Mapping[str, float]) -> Score:
     """Objective value and SLO margins of one completed load run."""
-    value = float(summary.get(objective.metric, 0.0))
+    # An energy figure is absent where no power was read: that is no measurement, never a free 0.
+    value = float(summary.get(objective.metric, math.nan if objective.metric in ENERGY_METRICS else 0.0))
     if math.isnan(value):
         value = failed_score(objective).value
     margins: list[float] = []

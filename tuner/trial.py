@@ -32,6 +32,7 @@ from tuner.load.goodput import request_goodput
 from tuner.load.ladder import Measurement, measure
 from tuner.load.metrics import parse_prometheus
 from tuner.load.poller import Poller
+from tuner.load.power import PowerReader
 from tuner.objective import Objective, Score, failed_score, score
 from tuner.search.space import ServeConfig
 
@@ -58,6 +59,8 @@ class TrialContext:
     health_poll_s: float = 2.0
     cpu_split: CpuSplit | None = None
     """Server cores and client cores, kept apart (``None``: both use the whole host)."""
+    power: PowerReader | None = None
+    """Reads the node's GPU power during each window (``None``: no GPU here; no energy figures)."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +231,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                         phase(f"load {index + 1}/{repeats}")
                     run = measure(server.base_url, ctx.served_model_name, ctx.objective,
                                   vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
-                                  scrape=lambda: _scrape(server, ctx.engine.metrics_path),
+                                  scrape=lambda: _scrape(server, ctx.engine.metrics_path), power=ctx.power,
                                   server_metrics=ctx.engine.metrics)
                     runs.append(run)
                     if run.stopped:

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not importable here")
 
-from tuner.engines.vllm import validate as vv  # noqa: E402
+from tuner.engines.vllm import validate as vv
 
 
 @pytest.fixture(scope="module")

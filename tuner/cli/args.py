@@ -102,7 +102,7 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
                         guards=parse_guards(args.guards), checkpoint=args.checkpoint,
                         prevalidate=args.prevalidate,
                         confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats),
-                        sampler=args.sampler)
+                        sampler=args.sampler, gpu_hour_usd=getattr(args, "gpu_hour_usd", None))
     default_engine().resolve_command(record.vllm_cmd)
     resolve_model(record.model, args.runs_dir)
     if record.trials is None and record.budget_s is None:

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="confirm the K best screening trials with longer, repeated runs (0 = off)")
     run.add_argument("--confirm-repeats", type=positive_int, default=3, metavar="N",
                      help="measurement repeats per confirmation launch (default 3)")
+    run.add_argument("--gpu-hour-usd", type=float, metavar="USD",
+                     help="price of one GPU-hour: every window then reports usd_per_mtok ($ per million output "
+                     "tokens), also usable as --objective metric")
     run.add_argument("--guards", help="comma-separated guard names or YAML paths (default: the objective's); "
                      "'none' for no gates")
     _add_runs_dir(run)

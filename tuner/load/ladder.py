@@ -28,6 +28,7 @@ client's own load. What the server's ``/metrics`` names mean is the engine's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -41,6 +42,7 @@ from tuner.load.generator import LoadResult, RequestRecord, WindowPlan, jobs_for
 from tuner.load.metrics import ServerMetrics
 from tuner.load.poller import Poller
 from tuner.load.pool import ClientPool, auto_processes
+from tuner.load.power import PowerReader, PowerSampler, energy_figures
 from tuner.objective import LadderSpec, Objective, score
 
 __all__ = ["LadderSpec", "Measurement", "SloWatch", "Step", "ladder_concurrencies", "measure"]
@@ -217,6 +219,7 @@ class _Runner:
     api_key: str | None
     request_timeout_s: float
     pool: ClientPool | None = None
+    power: PowerReader | None = None
 
     def window(self, plan: WindowPlan, should_stop: Callable[[], bool],
                on_record: Callable[[RequestRecord], None] | None) -> LoadResult:
@@ -249,13 +252,21 @@ def _run_step(runner: _Runner, spec: LadderSpec | None, concurrency: int, first_
         return should_stop() or lost.is_set()
 
     before = scrape()
-    with _GaugeSampler(scrape, spec.gauge_interval_s if spec else 0.5) as sampler:
+    power = PowerSampler(runner.power) if runner.power is not None else None
+    with contextlib.ExitStack() as stack:
+        if power is not None:
+            stack.enter_context(power)
+        sampler = stack.enter_context(_GaugeSampler(scrape, spec.gauge_interval_s if spec else 0.5))
         result = runner.window(plan, stop_window if early else should_stop, on_record if early else None)
     outer_stopped = result.stopped and should_stop()
     after = scrape() if not outer_stopped else {}
     server = server_metrics.window(before, after, sampler.samples)
     summary: dict[str, Any] = dict(metrics.summarize(result, _percentiles(objective)))
     summary["max_concurrency"] = concurrency
+    if power is not None:  # GPU energy of the window: tokens per joule, and $ per Mtok at the user's price
+        energy = power.result()
+        server = {**server, "power": energy.to_json() if energy is not None else None}
+        summary.update(energy_figures(energy, summary, objective.gpu_hour_usd))
     if server["queue"]:
         summary.update({k: v for k, v in server["queue"].items() if k.endswith("_queue_ms")})
     client = result.client.to_json() if result.client is not None else {}
@@ -302,9 +313,13 @@ def _choose(objective: Objective, steps: list[Step]) -> int | None:
 
 def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int, api_key: str | None,
             should_stop: Callable[[], bool], scrape: Scrape, server_metrics: ServerMetrics,
+            power: PowerReader | None = None,
             request_timeout_s: float = 600.0) -> Measurement:
     """Run the objective's load (one step, or its ladder) and pick the step the trial is scored by.
 
+    ``power`` (when the host has GPUs to read) is sampled during every window: the window's summary
+    then has ``gpu_energy_j``, ``tokens_per_joule`` and, at the objective's GPU-hour price,
+    ``usd_per_mtok`` (:mod:`tuner.load.power`).
     ``scrape`` reads the server's ``/metrics`` page; ``server_metrics`` (the engine's) says what the
     scrapes mean for each window.
     """
@@ -318,7 +333,7 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
         processes = (auto_processes(max(concurrencies), spec.streams_per_process)
                      if spec.client_processes == "auto" else spec.client_processes)
     runner = _Runner(base_url=base_url, model=model, objective=objective, vocab_size=vocab_size,
-                     api_key=api_key, request_timeout_s=request_timeout_s)
+                     api_key=api_key, request_timeout_s=request_timeout_s, power=power)
     pool = (ClientPool(processes, base_url=base_url, model=model, workload=workload, vocab_size=vocab_size,
                        api_key=api_key, request_timeout_s=request_timeout_s) if processes > 1 else None)
     steps: list[Step] = []

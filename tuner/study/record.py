@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tuner import catalog
 from tuner.demo_model import build_demo_model
 from tuner.errors import StudyLockedError, UsageError
-from tuner.objective import load_objective
+from tuner.load.power import detect_power_reader, power_unavailable_reason
+from tuner.objective import ENERGY_METRICS, Objective, load_objective
 from tuner.search.checkpoints import load_checkpoint
 from tuner.search.profile import bind_checkpoint, load_profile
 from tuner.study.confirm import ConfirmSpec
@@ -56,6 +57,8 @@ class StudyRecord(BaseModel):
     prevalidate: Literal["auto", "on", "off"] = "auto"
     """Check each configuration with vLLM's own parser before launching it (auto: when vLLM imports)."""
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    gpu_hour_usd: float | None = Field(default=None, gt=0)
+    """``--gpu-hour-usd``: the GPU-hour price windows report ``usd_per_mtok`` at (None: the objective's own)."""
     storage: str | None = None
     """Optuna storage URL; None = SQLite in the study folder. Never holds a password on disk: see
     :func:`tuner.backends.storage.resolve_storage_url`."""
@@ -122,7 +125,8 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
                slo_overrides: dict[str, float], ready_timeout_s: float | None,
                guards: list[str] | None = None, storage: str | None = None, checkpoint: str | None = None,
                prevalidate: Literal["auto", "on", "off"] = "auto",
-               confirm: ConfirmSpec | None = None, sampler: Literal["tpe", "gp", "random"] = "tpe") -> StudyRecord:
+               confirm: ConfirmSpec | None = None, sampler: Literal["tpe", "gp", "random"] = "tpe",
+               gpu_hour_usd: float | None = None) -> StudyRecord:
     profile = load_profile(hw)
     checkpoint_name = checkpoint or profile.server.checkpoint
     if checkpoint_name:
@@ -134,6 +138,7 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
         first = exc.errors()[0]
         raise UsageError(f"--slo: {first['msg']}. Fix: write --slo <stat>_<metric>_ms=LIMIT, "
                          "e.g. --slo p95_ttft_ms=2000") from exc
+    _check_energy_metric(loaded_objective, gpu_hour_usd)
     for guard in guards if guards is not None else loaded_objective.guards:
         catalog.resolve("guards", guard)
     chosen_model = model or profile.server.model
@@ -143,4 +148,20 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
     return StudyRecord(name=study_name, hw=hw, objective=objective, model=chosen_model, vllm_cmd=vllm_cmd,
                        port=port, trials=trials, budget_s=budget_s, seed=seed, slo_overrides=slo_overrides,
                        ready_timeout_s=ready_timeout_s, guards=guards, storage=storage, checkpoint=checkpoint,
-                       prevalidate=prevalidate, confirm=confirm or ConfirmSpec(), sampler=sampler)
+                       prevalidate=prevalidate, confirm=confirm or ConfirmSpec(), sampler=sampler,
+                       gpu_hour_usd=gpu_hour_usd)
+
+
+def _check_energy_metric(objective: Objective, gpu_hour_usd: float | None) -> None:
+    """A price must be positive; an energy metric needs GPU power readings and, for dollars, a price."""
+    if gpu_hour_usd is not None and gpu_hour_usd <= 0:
+        raise UsageError(f"--gpu-hour-usd {gpu_hour_usd:g}: a price must be above 0. Fix: give e.g. --gpu-hour-usd 3.5")
+    if objective.metric not in ENERGY_METRICS:
+        return
+    if objective.metric == "usd_per_mtok" and gpu_hour_usd is None and objective.gpu_hour_usd is None:
+        raise UsageError(f"objective {objective.name!r} ranks by usd_per_mtok but names no GPU-hour price. "
+                         "Fix: pass --gpu-hour-usd 3.5 (your price), or set gpu_hour_usd in the objective")
+    if detect_power_reader() is None:
+        raise UsageError(f"objective {objective.name!r} ranks by {objective.metric}, which needs the GPUs' power, "
+                         f"and this host has no GPU to read ({power_unavailable_reason()}). Fix: run it on the "
+                         "GPU node, or rank by output_throughput")

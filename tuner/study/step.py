@@ -49,7 +49,8 @@ MAX_DUPLICATES_IN_A_ROW = 50
 _BOOKKEEPING_ATTRS = frozenset({"trial_dir", "retry_of", "baseline", "control_for", "interrupted"})
 """Attributes about a trial's place in the study, not about its result: never copied to a duplicate."""
 _SUMMARY_ATTRS = ("p95_ttft_ms", "p95_itl_ms", "p95_tpot_ms", "output_throughput", "request_throughput",
-                  "request_goodput", "completed", "failed", "max_concurrency")
+                  "request_goodput", "completed", "failed", "max_concurrency", "tokens_per_joule", "usd_per_mtok",
+                  "gpu_power_mean_w", "gpu_energy_j")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from tuner.engines import Engine, default_engine, stop_orphans
 from tuner.errors import StudyError, UsageError
 from tuner.guards import GuardSuite, NoGuards, load_suite
 from tuner.load.affinity import plan_cpu_split
+from tuner.load.power import detect_power_reader
 from tuner.objective import Objective, constraint_names, load_objective
 from tuner.search.checkpoints import Checkpoint, load_checkpoint
 from tuner.search.prelaunch import PreLaunch
@@ -58,7 +59,8 @@ class Study:
         self.path = store.study_dir(runs_dir, record.name)
         self.engine: Engine = default_engine()
         self.profile: HardwareProfile = self._snapshot_profile()
-        self.objective: Objective = self._snapshot_objective().with_slos(record.slo_overrides)
+        self.objective: Objective = self._snapshot_objective().with_slos(record.slo_overrides).with_price(
+            record.gpu_hour_usd)
         self.checkpoint: Checkpoint | None = None
         checkpoint_name = record.checkpoint or self.profile.server.checkpoint
         if checkpoint_name:
@@ -195,7 +197,8 @@ class Study:
             vocab_size=vocab_size_of(model), guards=self.guard_suite(), engine=self.engine,
             served_model_name=Path(model).name if Path(model).exists() else model,
             cpu_split=plan_cpu_split(self.profile.server.client_cpus,
-                                     bind_omp=self.profile.hardware.accelerator == "cpu"))
+                                     bind_omp=self.profile.hardware.accelerator == "cpu"),
+            power=detect_power_reader())
 
     def prelaunch(self, ostudy: optuna.Study) -> PreLaunch:
         """The pre-launch checks, with the KV capacity of every trial launched so far already learnt."""
