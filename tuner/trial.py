@@ -214,7 +214,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 base_url=server.base_url, headers=server.headers, model=ctx.served_model_name, trial_dir=tdir,
                 study_dir=tdir.parent.parent, params=config.params, args=config.args,
                 is_speculative=config.is_speculative,
-                control_key=config.control().key() if config.is_speculative else None))
+                control_key=config.control().key() if config.is_speculative else None, kv_cache_tokens=kv_tokens))
             store.write_json(tdir / "guards.json", guard_report.to_json())
             if not guard_report.passed:
                 return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,

@@ -102,7 +102,7 @@ def test_fixture_rendering_equals_vllm_tokenizer(enc: ModuleType, demo_model: Pa
     probe = spec.carry_probes[0]
     parsed = {"content": None, "tool_calls": [{"id": "c", "function": {"name": "lookup_population",
                                                                         "arguments": '{"city": "Lyon"}'}}]}
-    echo = assistant_echo(parsed, reasoning=probe.expect_reasoning_contains)
+    echo = assistant_echo(parsed, reasoning="I need the lookup_population tool for Lyon.")
     for messages, thinking in (
         (list(probe.messages), True),
         ([*probe.messages, echo, tool_result_message(echo, "1")], True),

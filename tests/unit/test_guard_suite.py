@@ -137,7 +137,8 @@ def test_tool_call_round_trip_passes_and_sends_the_dsv4_shapes(fake: tuple[_Serv
     result = ToolCallGuard("tool_call", TOOL_SPEC).run(_target(url, tmp_path))
     assert result.passed, result.detail
     (p1, first, auth), (_, second, _), (_, streamed, _) = state.requests
-    assert streamed == {**first, "stream": True}  # the same probe, streamed, after the round trip
+    # the same probe, streamed (with usage, to tell an answer cut at max_tokens), after the round trip
+    assert streamed == {**first, "stream": True, "stream_options": {"include_usage": True}}
     assert result.evidence["probes"][0]["streamed_response"]["tool_calls"] == [
         {"name": "get_weather", "arguments": '{"city": "Oslo"}'}]
     assert p1 == "/v1/chat/completions" and auth == f"Bearer {KEY}"
@@ -291,7 +292,7 @@ def test_equivalence_records_then_compares_then_flags_drift(fake: tuple[_Server,
     guard = EquivalenceGuard("equivalence", EQ_SPEC)
     state.handler = _Model()
     untrusted = guard.run(_target(url, tmp_path, args={"kv-cache-dtype": "fp8"}))
-    assert not untrusted.passed and "reference_requires" in untrusted.detail
+    assert not untrusted.passed and "--kv-cache-dtype='fp8' is not the reference numerics" in untrusted.detail
     first = guard.run(_target(url, tmp_path, trial="t1"))
     assert first.passed and "recorded the study's reference" in first.detail
     assert guard.reference_path(tmp_path).is_file()

@@ -19,8 +19,9 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -124,8 +125,14 @@ def build_guard(name: str, spec: BaseModel) -> Guard:
     raise TypeError(f"no guard kind reads {type(spec).__name__}")
 
 
-def load_suite(names: Sequence[str]) -> GuardSuite:
-    """Guard names (``guards/<name>.yaml``) or YAML paths → a suite; errors name the file and key."""
+def load_suite(names: Sequence[str], *, reference_requires: Mapping[str, Sequence[Any]] | None = None,
+               reference_source: str = "") -> GuardSuite:
+    """Guard names (``guards/<name>.yaml``) or YAML paths → a suite; errors name the file and key.
+
+    ``reference_requires`` (the hardware profile's reference numerics,
+    :func:`tuner.search.profile.reference_requires`) goes into every spec that has that key and leaves it
+    unset; ``reference_source`` says where it came from, for the messages.
+    """
     guards: list[Guard] = []
     seen: set[str] = set()
     for name in names:
@@ -134,5 +141,10 @@ def load_suite(names: Sequence[str]) -> GuardSuite:
         if guard_name in seen:
             raise UsageError(f"guard {guard_name!r} is listed twice ({path}). Fix: list each guard once")
         seen.add(guard_name)
-        guards.append(build_guard(guard_name, load_spec(path)))
+        spec = load_spec(path)
+        if reference_requires is not None and "reference_requires" in type(spec).model_fields \
+                and getattr(spec, "reference_requires", None) is None:
+            spec = spec.model_copy(update={"reference_requires": {k: list(v) for k, v in reference_requires.items()},
+                                           "reference_source": reference_source})
+        guards.append(build_guard(guard_name, spec))
     return Suite(guards)

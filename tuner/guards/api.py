@@ -36,6 +36,9 @@ class GuardTarget:
     """``ServeConfig.key()`` of this trial's no-speculation control (speculative trials only)."""
     earlier_gates_passed: bool = True
     """Every guard the suite ran before this one passed (set by the suite, for guards that run last)."""
+    kv_cache_tokens: int | None = None
+    """The KV capacity (tokens per engine) the server logged at start-up, when it did; the needle gate
+    sizes its prompts to the context the trial really allocated."""
 
 
 @dataclass(frozen=True)

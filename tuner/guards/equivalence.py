@@ -6,8 +6,13 @@ alternatives by token id.
 
 The first trusted launch of a study (not speculative, its args within ``reference_requires``, every
 earlier gate of the suite passed) writes its recording as the study's reference, under
-``<study>/reference/``. Every non-speculative trial also files its own recording by config key, so a
-speculative trial can be checked against its no-speculation control when that control has run.
+``<study>/reference/``. ``reference_requires`` is the hardware profile's reference numerics
+(:func:`tuner.search.profile.reference_requires`: its fixed KV dtype, MoE backend and the like), put
+into the spec by :func:`tuner.guards.load_suite`; the study queues the profile's recipe baselines
+first, so the first of them that passes every other gate records it. Every trial, whatever its
+numerics, is then compared with it: a KV dtype, MoE backend or quantization input other than the
+reference's must stay within the drift thresholds. Every non-speculative trial also files its own
+recording by config key, so a speculative trial is checked against its no-speculation control too.
 
 A trial passes against a baseline recording when
 - teacher-forced drift over the baseline's text (mean and largest |Δ logprob|) is within thresholds:
@@ -67,8 +72,12 @@ class EquivalenceSpec(StrictModel):
     probes: list[EquivalenceProbe] = Field(min_length=1)
     thresholds: EquivalenceThresholds
     top_logprobs: int = Field(default=5, ge=2, le=20)
-    reference_requires: dict[str, list[Any]] = Field(default_factory=dict)
-    """Only a trial whose args take one of these values may record the reference (absent arg = null)."""
+    reference_requires: dict[str, list[Any]] | None = None
+    """Only a trial whose args take one of these values may record the reference (absent arg = null;
+    a dotted name reads inside a JSON option). Unset in the shipped file: the hardware profile's reference
+    numerics fill it (:func:`tuner.guards.load_suite`); set here, it wins over the profile's."""
+    reference_source: str = ""
+    """Where ``reference_requires`` came from (set by :func:`tuner.guards.load_suite`), for messages."""
 
 
 @dataclass(frozen=True)
@@ -175,9 +184,7 @@ class EquivalenceGuard(SpecGuard[EquivalenceSpec]):
                                    evidence)
             reference = _load(ref_path)  # another worker may have won the race
             if reference is None:
-                return GuardResult(self.name, self.kind, False,
-                                   f"no reference to compare with, and this trial may not record it ({why_not}). "
-                                   "Fix: let a trusted baseline (no speculation) run first", evidence)
+                return GuardResult(self.name, self.kind, False, self._no_reference(why_not), evidence)
         evidence["reference"] = str(ref_path)
         baselines: list[tuple[str, list[ProbeRecording]]] = [("reference", reference)]
         if target.is_speculative and target.control_key:
@@ -193,10 +200,22 @@ class EquivalenceGuard(SpecGuard[EquivalenceSpec]):
             return "a speculative trial is never a reference"
         if not may_record:
             return "an earlier gate of this trial failed"
-        for arg, allowed in self.spec.reference_requires.items():
-            if target.args.get(arg) not in allowed:
-                return f"--{arg}={target.args.get(arg)!r} is not one of {allowed!r} (reference_requires)"
+        for arg, allowed in (self.spec.reference_requires or {}).items():
+            value = _arg(target.args, arg)
+            if value not in allowed:
+                return f"--{arg}={value!r} is not the reference numerics' {_spell(allowed)}"
         return None
+
+    def _no_reference(self, why_not: str | None) -> str:
+        requires = self.spec.reference_requires or {}
+        numerics = ", ".join(f"{arg} {_spell(allowed)}" for arg, allowed in requires.items())
+        source = f" ({self.spec.reference_source})" if self.spec.reference_source else ""
+        return (f"no reference to compare with yet, and this trial may not record it: {why_not}. The reference is "
+                f"recorded by the first launch that passes every other gate with no speculation"
+                + (f" under the reference numerics{source}: {numerics}" if numerics else "")
+                + ". Fix: the study queues the hardware profile's recipe baselines first, and one of them records "
+                "it; if none did, read why in their trials/<n>/outcome.json (a gate or the launch failed), or set "
+                "guards.reference in the hardware profile to numerics a passing launch uses")
 
     def _compare_live(self, client: GuardClient, own: list[ProbeRecording],
                       baseline: list[ProbeRecording]) -> Comparison:
@@ -305,6 +324,21 @@ def _choice(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- files
+
+
+def _arg(args: Mapping[str, Any], name: str) -> Any:
+    """The value of option ``name`` in ``args`` (a dotted name reads inside a JSON option); None when unset."""
+    if name in args:
+        return args[name]
+    head, _, rest = name.partition(".")
+    inner = args.get(head)
+    return _arg(inner, rest) if rest and isinstance(inner, Mapping) else None
+
+
+def _spell(allowed: Sequence[Any]) -> str:
+    shown = [v for v in allowed if v is not None]
+    unset = " (or unset)" if None in allowed else ""
+    return (f"{shown[0]!r}" if len(shown) == 1 else f"one of {shown!r}") + unset if shown else "unset"
 
 
 def _config_key(target: GuardTarget) -> str:

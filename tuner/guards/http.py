@@ -74,7 +74,7 @@ class GuardClient:
         """
         path = "/v1/chat/completions"
         stream = Stream(chat=True, keep_text=True)
-        body = {"model": self.target.model, **payload, "stream": True}
+        body = {"model": self.target.model, **payload, "stream": True, "stream_options": {"include_usage": True}}
         try:
             with self._client.stream("POST", path, json=body) as resp:
                 if resp.status_code >= 400:
@@ -90,6 +90,10 @@ class GuardClient:
                                    "tool_calls": [stream.tool_calls[k] for k in sorted(stream.tool_calls)]}
         if stream.reasoning:
             message["reasoning"] = "".join(stream.reasoning)
+        max_tokens = payload.get("max_tokens")
+        if isinstance(max_tokens, int) and stream.usage_output_tokens is not None \
+                and stream.usage_output_tokens >= max_tokens:
+            message["finish_reason"] = "length"
         return message
 
     def completion(self, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,8 +135,11 @@ def message_reasoning(message: Mapping[str, Any]) -> str | None:
 
 
 def first_message(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``choices[0].message`` (a copy), with the choice's ``finish_reason`` beside its fields."""
     choices = body.get("choices") or []
     if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
         raise ProbeFailure(f"response has no choices[0].message: {json.dumps(body)[:_BODY_SNIPPET_CHARS]}")
-    message: dict[str, Any] = choices[0]["message"]
+    message: dict[str, Any] = dict(choices[0]["message"])
+    if choices[0].get("finish_reason") is not None:
+        message["finish_reason"] = choices[0]["finish_reason"]
     return message

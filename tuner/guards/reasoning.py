@@ -1,13 +1,20 @@
 """Reasoning gate: thinking output split from the answer, and carried across a tool round trip.
 
-Split probes (thinking on) must come back with the reasoning in ``reasoning``/``reasoning_content``
-and the answer in ``content``, with no ``<think>`` markup in either; with ``stream`` (the default) the
-same holds for the text assembled from the streamed deltas.
+Split probes (thinking on) must come back with reasoning in ``reasoning``/``reasoning_content`` and
+an answer in ``content``, both present, with no chat-template markup (``<think>``, DSML) left in
+either; with ``expect_number`` the answer must state that number, in any wording. With ``stream``
+(the default) the same holds for the text assembled from the streamed deltas, which vLLM's reasoning
+parser splits with separate code.
 
-Carry probes follow DeepSeek V4's contract: in a thinking-mode tool-call round trip the client sends
-the turn's reasoning back (``reasoning_content``), and the server must render it into the next
-prompt. The gate reads the prompt the server actually rendered (``return_prompt_text``, or the
-prompt token ids detokenized) and requires the reasoning in it, then requires the final answer.
+Carry probes follow DeepSeek V4's contract: in a thinking-mode tool round trip the client sends the
+turn's reasoning back (``reasoning_content``), and the server must render it into the next prompt.
+The first turn must reason and call the tool (parsed, schema-valid, carrying what the user asked
+for); the gate then reads the prompt the server actually rendered (``return_prompt_text``, or the
+prompt token ids detokenized) and requires the reasoning in it, and the final answer must state the
+tool result's facts.
+
+Nothing here checks wording: a model that reasons and answers in its own words passes. Exact text
+(``expect_reasoning_contains``, ``expect_content_contains``) is for a model known word for word.
 """
 
 from __future__ import annotations
@@ -19,7 +26,16 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from tuner.guards.api import GuardKind, GuardResult, GuardTarget, ProbeLog, SpecGuard
-from tuner.guards.chat import assistant_echo, call_problem, chat_payload, raw_markup_in, tool_result_message
+from tuner.guards.chat import (
+    answer_problem,
+    assistant_echo,
+    call_problem,
+    chat_payload,
+    facts_problem,
+    markup_problem,
+    states_number,
+    tool_result_message,
+)
 from tuner.guards.http import GuardClient, first_message, message_reasoning
 from tuner.guards.specs import ChatProbe, ExpectedCall, StrictModel, ToolRoundTrip
 
@@ -27,26 +43,26 @@ __all__ = ["KIND", "ReasoningCarryProbe", "ReasoningGuard", "ReasoningSpec", "Re
 
 log = logging.getLogger(__name__)
 
-_THINK_MARKUP = ("<think>", "</think>")
-
 
 class ReasoningSplitProbe(ChatProbe):
-    """Thinking on: reasoning and content must come back in separate fields."""
+    """Thinking on: reasoning and an answer must come back in separate fields."""
 
     thinking: bool = True
-    expect_reasoning_contains: str = Field(min_length=1)
-    expect_content_contains: str = Field(min_length=1)
+    expect_number: float | None = None
+    """The answer must state this number (any format, any words around it)."""
+    expect_reasoning_contains: str | None = Field(default=None, min_length=1)
+    expect_content_contains: str | None = Field(default=None, min_length=1)
 
 
 class ReasoningCarryProbe(ChatProbe):
     """Thinking on, with tools: the reasoning of the tool-call turn must reach the next prompt."""
 
     thinking: bool = True
-    expect_reasoning_contains: str = Field(min_length=1)
     expect_call: ExpectedCall
     round_trip: ToolRoundTrip
     carry_field: Literal["reasoning_content", "reasoning"] = "reasoning_content"
     """The assistant-message field the reasoning is sent back in (DeepSeek's contract: reasoning_content)."""
+    expect_reasoning_contains: str | None = Field(default=None, min_length=1)
 
 
 class ReasoningSpec(StrictModel):
@@ -91,20 +107,18 @@ def _check(client: GuardClient, probe: ReasoningSplitProbe | ReasoningCarryProbe
     return problem
 
 
-def _split_problem(message: dict[str, Any], expect_reasoning: str) -> str | None:
+def _reasoning_problem(message: dict[str, Any], expect_reasoning: str | None) -> str | None:
+    """Why the message's reasoning is not split off cleanly (None when it is)."""
     reasoning = message_reasoning(message)
     content = message.get("content") or ""
     if not reasoning:
-        markup = raw_markup_in(content)
-        left = f" and raw {markup!r} left in content" if markup else ""
-        return f"no reasoning field in the response{left} (content: {content[:160]!r})"
-    if expect_reasoning not in reasoning:
+        markup = markup_problem(message, ("content",))
+        left = f"; {markup}" if markup else ""
+        cut = " (cut at max_tokens: raise the probe's max_tokens)" if message.get("finish_reason") == "length" else ""
+        return f"no reasoning field in the response{left}{cut} (content: {content[:160]!r})"
+    if expect_reasoning is not None and expect_reasoning not in reasoning:
         return f"reasoning {reasoning[:160]!r} lacks {expect_reasoning!r}"
-    for text, where in ((reasoning, "reasoning"), (content, "content")):
-        leaked = next((m for m in _THINK_MARKUP if m in text), None)
-        if leaked:
-            return f"{leaked!r} left in {where}: {text[:160]!r}"
-    return None
+    return markup_problem(message)
 
 
 def _run_split(client: GuardClient, probe: ReasoningSplitProbe, record: dict[str, Any], *,
@@ -113,12 +127,14 @@ def _run_split(client: GuardClient, probe: ReasoningSplitProbe, record: dict[str
     prefix = "streamed: " if streamed else ""
     record["streamed_response" if streamed else "response"] = {"reasoning": message_reasoning(message),
                                                                "content": message.get("content")}
-    problem = _split_problem(message, probe.expect_reasoning_contains)
+    problem = _reasoning_problem(message, probe.expect_reasoning_contains) or answer_problem(message)
     if problem is not None:
         return prefix + problem
     content = message.get("content") or ""
-    if probe.expect_content_contains not in content:
-        return f"{prefix}content {content[:160]!r} lacks {probe.expect_content_contains!r}"
+    if probe.expect_number is not None and not states_number(content, probe.expect_number):
+        return f"{prefix}the answer {content[:160]!r} does not state {probe.expect_number:g}"
+    if probe.expect_content_contains is not None and probe.expect_content_contains not in content:
+        return f"{prefix}the answer {content[:160]!r} lacks {probe.expect_content_contains!r}"
     return None
 
 
@@ -127,7 +143,7 @@ def _run_carry(client: GuardClient, probe: ReasoningCarryProbe, record: dict[str
     reasoning = message_reasoning(message)
     record["response"] = {"reasoning": reasoning, "content": message.get("content"),
                           "tool_calls": message.get("tool_calls")}
-    problem = _split_problem(message, probe.expect_reasoning_contains)
+    problem = _reasoning_problem(message, probe.expect_reasoning_contains)
     if problem is None:
         problem = call_problem(message, probe.expect_call, probe.tools)
     if problem is not None:
@@ -149,6 +165,5 @@ def _run_carry(client: GuardClient, probe: ReasoningCarryProbe, record: dict[str
     final = first_message(body)
     content = final.get("content") or ""
     record["round_trip_response"] = {"reasoning": message_reasoning(final), "content": content}
-    if probe.round_trip.expect_content_contains not in content:
-        return f"round trip answer {content[:160]!r} lacks {probe.round_trip.expect_content_contains!r}"
-    return None
+    problem = answer_problem(final, what="answer to the tool result") or facts_problem(content, probe.round_trip)
+    return f"round trip: {problem}" if problem is not None else None

@@ -1,11 +1,13 @@
 """Tool-call gate: the server must parse the model's tool call into ``message.tool_calls``.
 
 Each probe sends a chat request with tools; the first call must name the expected function with
-JSON arguments that validate against its schema (and equal the expected ones, when given). Raw
-DSML (or other tool markup) left in ``content`` fails. With ``round_trip``, the tool result is sent
-back and the final answer must contain the expected text. With ``stream`` (the default), the probe
-is sent again streamed, and the call assembled from its deltas must pass the same check and match
-the non-streamed call.
+JSON arguments that validate against its schema and carry what the user asked for
+(``arguments_mention``; exact ``arguments`` only for a model known word for word). Raw DSML (or
+other tool markup) left in ``content`` or the reasoning fails. With ``round_trip``, the tool result
+is sent back and the final answer must be a plain answer (content, no call, no markup) that states
+the tool result's facts (``expect_facts``), in whatever words. With ``stream`` (the default), the
+probe is sent again streamed, and the call assembled from its deltas must pass the same check and
+match the non-streamed call.
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from tuner.guards.api import GuardKind, GuardResult, GuardTarget, ProbeLog, SpecGuard
-from tuner.guards.chat import assistant_echo, call_problem, chat_payload, raw_markup_in, tool_result_message
+from tuner.guards.chat import (
+    answer_problem,
+    assistant_echo,
+    call_problem,
+    chat_payload,
+    facts_problem,
+    markup_problem,
+    tool_result_message,
+)
 from tuner.guards.http import GuardClient, first_message, message_reasoning
 from tuner.guards.specs import ChatProbe, ExpectedCall, StrictModel, ToolRoundTrip
 
@@ -73,29 +83,22 @@ def _check(client: GuardClient, probe: ToolCallProbe, stream: bool, record: dict
 def _run_probe(client: GuardClient, probe: ToolCallProbe, record: dict[str, Any]) -> str | None:
     message = first_message(client.chat(chat_payload(probe)))
     record["response"] = _summary(message)
-    problem = call_problem(message, probe.expect_call, probe.tools)
+    problem = call_problem(message, probe.expect_call, probe.tools) or markup_problem(message, ("reasoning",))
     if problem is not None or probe.round_trip is None:
         return problem
     echo = assistant_echo(message, reasoning=message_reasoning(message))
     follow_up = [*probe.messages, echo, tool_result_message(echo, probe.round_trip.tool_result)]
     final = first_message(client.chat(chat_payload(probe, follow_up, probe.round_trip.max_tokens)))
     record["round_trip_response"] = _summary(final)
-    content = final.get("content") or ""
-    if final.get("tool_calls"):
-        return f"round trip answered with another tool call instead of an answer: {_summary(final)}"
-    markup = raw_markup_in(content)
-    if markup:
-        return f"round trip left raw {markup!r} markup in content: {content[:160]!r}"
-    if probe.round_trip.expect_content_contains not in content:
-        return (f"round trip answer {content[:160]!r} lacks "
-                f"{probe.round_trip.expect_content_contains!r}")
-    return None
+    problem = answer_problem(final, what="answer to the tool result") or facts_problem(
+        final.get("content") or "", probe.round_trip)
+    return f"round trip: {problem}" if problem is not None else None
 
 
 def _run_streamed(client: GuardClient, probe: ToolCallProbe, record: dict[str, Any]) -> str | None:
     streamed = client.chat_stream(chat_payload(probe))
     record["streamed_response"] = _summary(streamed)
-    problem = call_problem(streamed, probe.expect_call, probe.tools)
+    problem = call_problem(streamed, probe.expect_call, probe.tools) or markup_problem(streamed, ("reasoning",))
     if problem is not None:
         return f"streamed: {problem}"
     whole, pieces = record["response"]["tool_calls"][0], record["streamed_response"]["tool_calls"][0]
@@ -112,4 +115,5 @@ def _arguments(call: dict[str, Any]) -> Any:
 def _summary(message: dict[str, Any]) -> dict[str, Any]:
     calls = [{"name": (c.get("function") or {}).get("name"), "arguments": (c.get("function") or {}).get("arguments")}
              for c in message.get("tool_calls") or []]
-    return {"content": message.get("content"), "reasoning": message_reasoning(message), "tool_calls": calls}
+    return {"content": message.get("content"), "reasoning": message_reasoning(message), "tool_calls": calls,
+            "finish_reason": message.get("finish_reason")}

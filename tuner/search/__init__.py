@@ -15,7 +15,7 @@ from tuner.search.checkpoints import Checkpoint, load_checkpoint
 from tuner.search.feasibility import Feasibility, KvCalibration, check, fit_kv_bytes_per_token
 from tuner.search.plan import Plan, build_plan, format_plan
 from tuner.search.prelaunch import LaunchTarget, PreLaunch, Refusal
-from tuner.search.profile import HardwareProfile, Topology, bind_checkpoint, load_profile
+from tuner.search.profile import HardwareProfile, Topology, bind_checkpoint, load_profile, reference_requires
 from tuner.search.space import FixedParams, ParamSource, RandomParams, ServeConfig, build_config, suggest
 
 __all__ = [
@@ -40,5 +40,6 @@ __all__ = [
     "format_plan",
     "load_checkpoint",
     "load_profile",
+    "reference_requires",
     "suggest",
 ]

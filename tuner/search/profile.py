@@ -18,6 +18,10 @@ Beyond plain levers a profile may declare:
   chosen checkpoint carries (DSpark for 0731, MTP for the preview), so a mismatch cannot be sampled.
 - ``cudagraph``: derive ``max_cudagraph_capture_size`` from max-num-seqs × (1 + draft tokens),
   rounded to a multiple of 1 + k, so vLLM has nothing to round silently.
+- ``guards``: the correctness gates every trial of this node runs by default (``run``; the profile
+  knows the parsers it sets, so it knows which gates can pass), and the numerics the equivalence
+  reference is recorded under (:func:`reference_requires`: the profile's fixed numerics, the first
+  baseline's values for numerics levers, ``guards.reference`` to say otherwise).
 
 Hardware rules (Blackwell-only values, MTP on Hopper capped at one draft token) are checked when a
 profile loads; a profile that breaks one is a :class:`~tuner.errors.CatalogError` naming the key.
@@ -34,7 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner import catalog
-from tuner.errors import CatalogError, ProfileRuleError
+from tuner.errors import CatalogError, ProfileRuleError, UnknownNameError
 from tuner.search.checkpoints import Checkpoint
 
 Scalar = str | int | float | bool
@@ -275,6 +279,30 @@ class Baseline(_Strict):
     """Checkpoint names this baseline belongs to (``None`` = any)."""
 
 
+NUMERICS_OPTIONS: dict[str, Scalar | None] = {
+    # option → vLLM 0.32's default (vllm/config/*.py). An option that changes what the model computes:
+    # the equivalence reference is recorded under one value of each, and every other value is compared with it.
+    "dtype": "auto",
+    "kv-cache-dtype": "auto",
+    "quantization": None,
+    "moe-backend": "auto",                           # the MoE kernel, and with it the quantization of its input
+    "all2all-backend": "allgather_reducescatter",    # DeepEP low-latency dispatches in FP8
+    "attention-config.indexer_kv_dtype": "auto",
+}
+"""Options that change numerics, with vLLM's default (an unset option means the default)."""
+
+
+class ProfileGuards(_Strict):
+    """The gates of a profile: which run by default, and the numerics their reference is recorded under."""
+
+    run: list[str] = Field(default_factory=list)
+    """Guard names (``guards/<name>.yaml``) every trial runs unless ``--guards`` says otherwise; the
+    objective's guards are added. Empty: the objective's guards only."""
+    reference: dict[str, list[Scalar | None]] = Field(default_factory=dict)
+    """Allowed values per option for the launch that records the equivalence reference, where
+    :func:`reference_requires`'s rule (fixed numerics, then the first baseline) is not what you want."""
+
+
 class HardwareProfile(_Strict):
     name: str
     description: str = ""
@@ -285,6 +313,7 @@ class HardwareProfile(_Strict):
     speculative: Speculative | None = None
     cudagraph: CudagraphRule | None = None
     baselines: list[Baseline] = Field(default_factory=list)
+    guards: ProfileGuards = Field(default_factory=ProfileGuards)
 
     @model_validator(mode="after")
     def _references_exist(self) -> HardwareProfile:
@@ -419,6 +448,15 @@ def profile_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
             if other not in names:
                 out.append(ProfileRuleError(f"levers.{lever_name}.when", f"names unknown lever {other!r}",
                                             f"use one of: {', '.join(sorted(names))}"))
+    for i, guard in enumerate(profile.guards.run):
+        try:
+            catalog.resolve("guards", guard)
+        except (CatalogError, UnknownNameError):
+            out.append(ProfileRuleError(f"guards.run[{i}]", f"no guard {guard!r}",
+                                        f"use a guard name ({', '.join(catalog.known_names('guards'))}) "
+                                        "or the path of a guard YAML file"))
+    if len(set(profile.guards.run)) != len(profile.guards.run):
+        out.append(ProfileRuleError("guards.run", "a guard is listed twice", "list each guard once"))
     if profile.cudagraph is not None and CAPTURE_OPTION in profile.levers:
         out.append(ProfileRuleError(f"levers.{CAPTURE_OPTION}", "set twice: the cudagraph rule derives it",
                                     "remove the lever or the cudagraph section"))
@@ -433,6 +471,31 @@ def profile_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
                 out.append(ProfileRuleError(f"baselines[{i}].values.{key}",
                                             f"baseline {base.name!r} sets {value!r}, outside the lever's domain",
                                             "add the value to the lever's choices or change the baseline"))
+    return out
+
+
+def reference_requires(profile: HardwareProfile) -> dict[str, list[Scalar | None]]:
+    """The numerics the equivalence reference is recorded under: option → allowed values (None = unset).
+
+    For each option of :data:`NUMERICS_OPTIONS`: the value ``server.fixed`` sets; else, for a lever,
+    the value the profile's first baseline sets (the recipe the night starts from), else vLLM's
+    default; ``guards.reference`` overrides any of them. An unset option stands for vLLM's default, so
+    it is allowed wherever the default is. Options the profile neither fixes nor searches are left out:
+    every launch has vLLM's default there.
+    """
+    fixed = _flatten(profile.server.fixed)
+    first = profile.baselines[0].values if profile.baselines else {}
+    out: dict[str, list[Scalar | None]] = {}
+    for option, default in NUMERICS_OPTIONS.items():
+        value: Scalar | None
+        if option in fixed:
+            value = fixed[option]
+        elif option in profile.levers:
+            value = first.get(option, default)
+        else:
+            continue
+        out[option] = [value, None] if value == default and value is not None else [value]
+    out.update({option: list(values) for option, values in profile.guards.reference.items()})
     return out
 
 

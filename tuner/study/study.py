@@ -25,7 +25,7 @@ from tuner.load.power import detect_power_reader
 from tuner.objective import Objective, constraint_names, load_objective
 from tuner.search.checkpoints import Checkpoint, load_checkpoint
 from tuner.search.prelaunch import PreLaunch
-from tuner.search.profile import HardwareProfile, bind_checkpoint, load_profile
+from tuner.search.profile import HardwareProfile, bind_checkpoint, load_profile, reference_requires
 from tuner.study.confirm import Confirmation, ConfirmationPhase, Winner
 from tuner.study.local import LocalLoop
 from tuner.study.progress import Progress
@@ -180,13 +180,18 @@ class Study:
 
     # -- trials ------------------------------------------------------------------------------------
     def guard_names(self) -> list[str]:
-        return list(self.record.guards if self.record.guards is not None else self.objective.guards)
+        """``--guards`` when given; else the hardware profile's gates (``guards.run``), then the objective's."""
+        if self.record.guards is not None:
+            return list(self.record.guards)
+        names = list(self.profile.guards.run)
+        return names + [g for g in self.objective.guards if g not in names]
 
     def guard_suite(self) -> GuardSuite:
         names = self.guard_names()
         if not names:
             return NoGuards()
-        return load_suite(names)
+        return load_suite(names, reference_requires=reference_requires(self.profile),
+                          reference_source=f"hardware profile {self.profile.name}")
 
     def context(self) -> TrialContext:
         model = resolve_model(self.record.model, self.runs_dir)

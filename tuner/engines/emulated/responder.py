@@ -11,8 +11,10 @@ broken one:
 - a pass code / needle hidden in a long text → the code;
 - anything else → a short, plain answer.
 
-With thinking on it also reasons, briefly, before answering. :func:`garble` is what a configuration
-with broken numerics makes of the same answer (the emulator's trap table decides when).
+With thinking on it also reasons, briefly, before answering. Its wording varies from question to
+question (one of a few phrasings, chosen by a hash of the question), as a real model's does: a gate
+may check what an answer means, never how it is worded. :func:`garble` is what a configuration with
+broken numerics makes of the same answer (the emulator's trap table decides when).
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ def _format_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
 
 
+def _pick(options: Sequence[str], *key: Any) -> str:
+    """One of several phrasings, chosen by a hash of ``key``: the same question is always worded the same way."""
+    return options[stable_hash("wording", *key) % len(options)]
+
+
 def _arithmetic(text: str) -> tuple[str, str] | None:
     match = _ARITH.search(text)
     if match is None:
@@ -93,8 +100,13 @@ def _arithmetic(text: str) -> tuple[str, str] | None:
         a_text, op, b_text = match.groups()
     a, b = float(a_text), float(b_text)
     name, fn = _OPS[op]
-    result = _format_number(fn(a, b))
-    return f"{_format_number(a)} {name} {_format_number(b)} makes {result}.", f"The answer is {result}."
+    x, y, result = _format_number(a), _format_number(b), _format_number(fn(a, b))
+    symbol = {"plus": "+", "minus": "-", "times": "×", "divided by": "÷"}[name]
+    reasoning = _pick((f"The user wants {x} {name} {y}. {x} {symbol} {y} = {result}. Quick check: that is right.",
+                       f"Compute {x} {symbol} {y}: the result is {result}.",
+                       f"{x} {name} {y}... that gives {result}. I'll state it plainly."), text, "r")
+    answer = _pick((f"{x} {symbol} {y} = **{result}**", f"It comes to {result}.", f"**{result}**"), text, "a")
+    return reasoning, answer
 
 
 def _integer(text: str, prop: str) -> int | None:
@@ -213,8 +225,12 @@ def respond(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, 
     results = _tool_results(messages)
     if results:
         name, result = results[-1]
-        answer = f"According to {name}, {_facts(result)}."
-        return ModelTurn(answer, f"{name} returned {result.strip()[:200]}. I can answer now." if thinking else None)
+        facts = _facts(result)
+        answer = _pick((f"According to {name}, {facts}.", f"Here is what I found: {facts}.",
+                        f"The {name} result says {facts}."), user, result)
+        thought = _pick((f"{name} returned {result.strip()[:200]}. I can answer now.",
+                         f"The tool answered: {result.strip()[:200]}. Summarize it for the user."), user, result)
+        return ModelTurn(answer, thought if thinking else None)
     forced = None
     if isinstance(tool_choice, Mapping):
         forced = str((tool_choice.get("function") or {}).get("name", "")) or None
@@ -222,15 +238,17 @@ def respond(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, 
         call = _choose_tool(user, tools, forced)
         if call is not None:
             first = next(iter(call.arguments.values()), "")
-            reasoning = f"I need the {call.name} tool for {first}." if thinking else None
-            return ModelTurn("", reasoning, (call,))
+            plan = _pick((f"The user asks about {first}; {call.name} can tell me, so I will call it.",
+                          f"To answer this I should look it up with {call.name} ({call.arguments_json()}).",
+                          f"I don't know this offhand. Calling {call.name} for {first}."), user, call.name)
+            return ModelTurn("", plan if thinking else None, (call,))
     code = _PASS_CODE.search(user)
     if code is not None and re.search(r"pass ?code|code", user.split("\n")[-1], re.I):
         return ModelTurn(code.group(1), f"The text says the pass code is {code.group(1)}." if thinking else None)
     arithmetic = _arithmetic(user)
     if arithmetic is not None:
-        reasoning, answer = arithmetic
-        return ModelTurn(answer, reasoning if thinking else None)
+        worked, answer = arithmetic
+        return ModelTurn(answer, worked if thinking else None)
     if re.search(r"\b(hello|hi|hey)\b", user, re.I):
         return ModelTurn("Hello! How can I help you today?", "The user greets me." if thinking else None)
     topic = " ".join(w for w in re.findall(r"[\w'-]+", user)[:12] if w.lower() not in _STOPWORDS)[:80]
