@@ -7,6 +7,7 @@ The CLI runs in-process (``tuner.cli.main``) with its console captured; exit cod
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import sqlite3
@@ -18,9 +19,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-import tuner.cli.main as cli
 from tuner import catalog
 from tuner.errors import UnknownNameError
+
+cli = importlib.import_module("tuner.cli.main")  # the module: ``tuner.cli.main`` names the function
 
 GOOD_PROFILE = {
     "name": "cpu-bad-input",
