@@ -45,6 +45,7 @@ import pytest
 
 from tests.conftest import vllm_cli
 from tuner.engines.process import LaunchSpec, ServerProcess, free_port
+from tuner.engines.vllm import omp_bind_env
 from tuner.load.affinity import CpuSplit, pinned, plan_cpu_split
 from tuner.load.generator import run_load_sync
 from tuner.load.metrics import Samples, histogram_deltas, parse_prometheus, summarize
@@ -84,7 +85,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
     port = free_port()
     spec = LaunchSpec(argv=[cli, "serve", str(demo_model), "--host", "127.0.0.1", "--port", str(port),
                             *SERVER_FLAGS],
-                      env={**ENV, **(SPLIT.server_env() if SPLIT else {}), "VLLM_CACHE_ROOT": str(workdir / "cache"),
+                      env={**ENV, **(omp_bind_env(SPLIT) if SPLIT else {}), "VLLM_CACHE_ROOT": str(workdir / "cache"),
                            "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")},
                       host="127.0.0.1", port=port, workdir=workdir, ready_timeout_s=300,
                       cpus=SPLIT.server if SPLIT else None)
