@@ -4,6 +4,7 @@
 # its `xz -9e` of the ~500 MB Python part did not finish in 15 min there, `xz -3` takes ~2 min and the
 # split below keeps every upload under 64 MiB (measured: 56 / 56 / 54 MB).
 #   usage (repo root): bash scripts/gpu/bundle.sh [OUTDIR=.gpu] [WHEEL_LIST=../shared/device/vllm-gpu-wheels.txt]
+#   FIND_LINKS=DIR takes wheels already downloaded there before asking the index.
 #   OUTDIR/1: py.tar.xz      vLLM's Python code and its dependencies + optuna & co   (call 1)
 #   OUTDIR/2: cext.tar.xz    vLLM's main kernel library                              (call 2)
 #   OUTDIR/3: moe.tar.xz fa.tar.xz  MoE kernels + FlashAttention-3                   (call 3)
@@ -25,7 +26,7 @@ plat=()
 for n in 39 31 28 27 26 24 17 5; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
 plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
-  -d "$work/whl" "${pins[@]}"
+  ${FIND_LINKS:+--find-links "$FIND_LINKS"} -d "$work/whl" "${pins[@]}"
 "$py" -m pip install -q --no-deps --no-compile --no-cache-dir --target "$work/site" "$work"/whl/*.whl
 cd "$work/site"
 rm -rf vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/_flashmla_C.abi3.so \

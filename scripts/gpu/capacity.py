@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from tuner.load.generator import WindowPlan, run_window  # noqa: E402
 from tuner.load.metrics import summarize  # noqa: E402
 from tuner.load.pool import ClientPool  # noqa: E402
-from tuner.load.workload import Workload  # noqa: E402
+from tuner.objective import Workload  # noqa: E402
 
 
 def _row(result: Any, wall_s: float) -> dict[str, Any]:

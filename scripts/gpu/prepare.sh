@@ -1,17 +1,64 @@
 #!/usr/bin/env bash
-# Second device call (after stage.sh --need .gpu/2/...): machine facts, the tiny MoE (and the demo
-# Llama) generated on the GPU, and one import of vLLM so the first trial starts from warm caches.
+# Call 2, after `stage.sh --need .gpu/2/cext.tar.xz`: machine facts, the models, the validator probe and
+# the load generator's capacity against a real CUDA vLLM. Only vLLM's Python part and main kernel
+# library are staged yet (no MoE kernels, no FlashAttention 3), so the capacity server is the demo
+# Llama (dense) on Triton attention, eager, with 4 API-server processes: the fastest server there
+# is, so the client is the limit. It measures one load-generator process and the pool of 4 that the
+# study uses (scripts/gpu/throughput-h200x1.yaml: client_processes 4).
+#   bash scripts/gpu/prepare.sh            (≈ 3 min; writes at most 8 files to $OUT)
 set -uo pipefail
 source scripts/gpu/env.sh
+exec > >(tee -a "$OUT/prepare.log") 2>&1
+mark "prepare start"
 t0=$(date +%s)
-{ date -u; nproc; nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv;
-  nvidia-smi topo -m; python3 -c 'import torch,sys;print(sys.version);print(torch.__version__, torch.cuda.device_count())'
-} > "$OUT/machine.txt" 2>&1 &
-( python3 -c 'import vllm.entrypoints.cli.main, vllm.entrypoints.openai.api_server, optuna, tuner.cli;
-import vllm, optuna; print("vllm", vllm.__version__, "optuna", optuna.__version__)' > "$OUT/imports.txt" 2>&1 ) &
-python3 scripts/gpu/make_tiny_moe.py "$STAGE/tiny-moe" --keep-demo "$STAGE/demo" > "$OUT/model.json" 2> "$OUT/model.err"
-rc=$?
-wait
-cat "$OUT/machine.txt" "$OUT/imports.txt" "$OUT/model.json"; tail -3 "$OUT/model.err"
-echo "prepare rc=$rc in $(( $(date +%s) - t0 )) s"
-exit $rc
+{ date -u; echo "cores: $(nproc)"; free -g | head -2
+  nvidia-smi --query-gpu=index,name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
+  nvidia-smi topo -m
+  "$PY" -c 'import torch,sys;print(sys.version);print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
+  "$PY" -c 'import pynvml;pynvml.nvmlInit();h=pynvml.nvmlDeviceGetHandleByIndex(0);
+print("nvml power W", pynvml.nvmlDeviceGetPowerUsage(h)/1000, "energy counter J",
+      pynvml.nvmlDeviceGetTotalEnergyConsumption(h)/1000)'
+  "$PY" -c 'import vllm, optuna; print("vllm", vllm.__version__, "optuna", optuna.__version__)'
+  tail -2 "$STAGE/compileall.log" 2>/dev/null; pgrep -f compileall >/dev/null && echo "compileall still running"
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+"$PY" scripts/gpu/make_tiny_moe.py "$STAGE/tiny-moe" --preset h200x1 --keep-demo "$STAGE/demo" \
+  > "$OUT/model.json" 2> "$STAGE/model.err" || { tail -20 "$STAGE/model.err"; exit 4; }
+mark "models built"
+echo "models built in $(( $(date +%s) - t0 )) s: $(cat "$OUT/model.json")"
+# the tool's validator against this vLLM (CPU work in this process; vLLM's config step in a child)
+timeout 150 "$PY" scripts/gpu/probe_prevalidate.py "$STAGE/tiny-moe" > "$OUT/prevalidate.txt" 2>&1 &
+probe=$!
+port=8123; ok=0; srv=
+for api in 4 1; do
+  CUDA_VISIBLE_DEVICES=0 setsid $VLLM_CMD serve "$STAGE/demo" --served-model-name demo --port $port \
+    --host 127.0.0.1 --enforce-eager --attention-backend TRITON_ATTN --max-num-seqs 2048 \
+    --max-num-batched-tokens 32768 --max-model-len 1024 --gpu-memory-utilization 0.3 \
+    --api-server-count $api --disable-log-stats > "$STAGE/capacity-server.log" 2>&1 &
+  srv=$!; t1=$(date +%s)
+  for _ in $(seq 1 160); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null \
+      && { ok=1; break; }
+    kill -0 $srv 2>/dev/null || break; sleep 1
+  done
+  echo "capacity server (api-server-count $api) ready=$ok after $(( $(date +%s) - t1 )) s"
+  mark "capacity server api=$api ready=$ok"
+  [ $ok = 1 ] && break
+  kill -KILL -- -$srv 2>/dev/null; tail -5 "$STAGE/capacity-server.log"
+done
+if [ $ok = 1 ]; then
+  vocab=$("$PY" -c "import json;print(json.load(open('$STAGE/tiny-moe/tiny-moe.json'))['vocab_size'])")
+  timeout 150 "$PY" scripts/gpu/capacity.py --url "http://127.0.0.1:$port" --model demo --vocab-size "$vocab" \
+    --runs 1x256 1x1024 4x1024 --label "vllm-0.26-demo-llama-api$api" --json "$OUT/capacity.json"
+fi
+mark "capacity done"
+if [ -n "$srv" ]; then   # SIGINT, then SIGKILL once it has had 15 s to go
+  kill -INT -- -$srv 2>/dev/null
+  for _ in $(seq 1 30); do kill -0 -- -$srv 2>/dev/null || break; sleep 0.5; done
+  kill -KILL -- -$srv 2>/dev/null
+fi
+tail -120 "$STAGE/capacity-server.log" > "$OUT/capacity-server.log"
+wait $probe; cat "$OUT/prevalidate.txt" | grep -v "^INFO\|^(\|^WARNING"
+mark "prepare end"
+cp "$STAGE/timeline.txt" "$OUT/timeline-prepare.txt"
+echo "prepare done in $(( $(date +%s) - t0 )) s"

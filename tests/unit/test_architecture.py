@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2] / "tuner"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (room, module prefixes), top first; a module may import its own layer and the layers below it.
     ("cli", ("tuner.cli",)),
-    ("drivers and outputs", ("tuner.backends.worker", "tuner.backends.ray", "tuner.export", "tuner.report")),
+    ("drivers and outputs", ("tuner.backends.worker", "tuner.backends.ray", "tuner.export", "tuner.report",
+                             "tuner.verify")),
     ("study", ("tuner.study",)),
     ("storage and node", ("tuner.backends",)),
     ("trial", ("tuner.trial",)),

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)  # errors go to stderr
 SCALEOUT: dict[str, scaleout.Command] = {}
-SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report", "worker"}
+SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report", "worker",
+               "verify"}
 EXIT_UNCONFIRMED = 3
 """Exit code when the study found feasible trials but confirmed none (and --accept-unconfirmed was not given)."""
 HW_HELP = "hardware profile: a name in search_spaces/ (see `dsv4-tune list`) or a YAML path"
@@ -81,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("name")
     resume.add_argument("--trials", type=positive_int, help="new total trial target")
     resume.add_argument("--budget", help="wall time for this session of the study")
+    resume.add_argument("--confirm-top-k", type=int, metavar="K",
+                        help="confirm the K best screening trials from now on (e.g. after screening with 0)")
+    resume.add_argument("--confirm-repeats", type=positive_int, metavar="N", help="repeats per confirmation launch")
     resume.add_argument("--no-export", action="store_true")
     _add_accept_unconfirmed(resume)
     _add_runs_dir(resume)
@@ -89,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("name")
     _add_accept_unconfirmed(export)
     _add_runs_dir(export)
+
+    verify = sub.add_parser("verify", help="serve the exported best/serve.sh as it is, measure it with the "
+                            "confirmation's workload, and compare with the reported figure")
+    verify.add_argument("name")
+    verify.add_argument("--repeats", type=positive_int, help="measurement repeats (default: the confirmation's)")
+    _add_runs_dir(verify)
 
     report = sub.add_parser("report", help="write report.md / report.html with plots for a study")
     report.add_argument("name")
@@ -193,6 +203,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         study.record = study.record.model_copy(update={"trials": args.trials})
     if args.budget:
         study.record = study.record.model_copy(update={"budget_s": parse_duration(args.budget)})
+    confirm = {k: v for k, v in (("top_k", args.confirm_top_k), ("repeats", args.confirm_repeats)) if v is not None}
+    if confirm:  # screen now, confirm later: the record keeps the new settings (study.json)
+        confirm["top_k"] = max(0, confirm.get("top_k", study.record.confirm.top_k))
+        study.record = study.record.model_copy(update={"confirm": study.record.confirm.model_copy(update=confirm)})
     return _run_study(study, args)
 
 
@@ -203,6 +217,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = export_best(Study.open(args.name, args.runs_dir), accept_unconfirmed=args.accept_unconfirmed)
     console.print(f"exported: {out}")
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from tuner.study import Study
+    from tuner.verify import verify_export
+
+    install_signal_handlers()
+    study = Study.open(args.name, args.runs_dir)
+    try:
+        result = verify_export(study, repeats=args.repeats)
+    except KeyboardInterrupt:
+        console.print("[yellow]stopped.[/] the re-served server was stopped; nothing was recorded")
+        return 130
+    if not result.get("ready_s"):
+        console.print(f"[red]best/serve.sh did not serve:[/] {result.get('reason', '')}")
+        return 1
+    console.print(result["verdict"])
+    console.print(f"recorded: {study.path / 'verify' / 'verify.json'}")
+    return 0 if result["within"] else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -284,7 +317,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"worker": cmd_worker, "run": cmd_run, "resume": cmd_resume, "export": cmd_export, "status": cmd_status,
-            "list": cmd_list, "plan": cmd_plan, "demo-model": cmd_demo_model, "report": cmd_report}
+            "list": cmd_list, "plan": cmd_plan, "demo-model": cmd_demo_model, "report": cmd_report,
+            "verify": cmd_verify}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,7 +66,11 @@ def time_for_another(study: optuna.Study, deadline: float, first_estimate_s: flo
     durations = [float(t.user_attrs["duration_s"]) for t in study.get_trials(deepcopy=False)
                  if "duration_s" in t.user_attrs and "duplicate_of" not in t.user_attrs]
     # The longest trial so far, not the median: a trial that overruns the night is worse than one fewer.
-    estimate = max(durations) if durations else first_estimate_s
+    # Except the study's first launch, once another has finished: on a GPU node it fills the machine's
+    # caches (Python bytecode, Triton's kernels, torch.compile's cache) and is the slowest by far; kept,
+    # it would hold a cold start's margin before every later trial (docs/evidence/h200.md).
+    warm = durations[1:] if len(durations) > 1 else durations
+    estimate = max(warm) if warm else first_estimate_s
     return time.time() + estimate + reserve_s <= deadline
 
 
