@@ -24,12 +24,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("study", ("tuner.study",)),
     ("storage and node", ("tuner.backends",)),
     ("trial", ("tuner.trial",)),
+    ("predict", ("tuner.predict",)),
     ("search and engines", ("tuner.search", "tuner.engines")),
     ("guards and load", ("tuner.guards", "tuner.load")),
     ("shared", ("tuner.objective", "tuner.failures", "tuner.store", "tuner.catalog", "tuner.errors",
                 "tuner.demo_model")),
 )
-OPTUNA_FREE = ("trial", "search and engines", "guards and load", "shared")
+OPTUNA_FREE = ("trial", "predict", "search and engines", "guards and load", "shared")
 """Layers that never import Optuna: one trial runs without it."""
 OPTUNA_INTERNALS = re.compile(r"\._storage\b|\._trial_id\b|\._study_id\b|\._ot_")
 STORAGE_BACKEND = "tuner.backends.storage"

@@ -1,0 +1,224 @@
+"""The model-guided study (``--prior model``): the performance model proposes, the launches verify.
+
+:class:`GuidedSearch` joins the study's Optuna side to :mod:`tuner.predict`:
+
+- :meth:`~GuidedSearch.enqueue_prior`: after the recipe baselines, the model's top few configurations
+  (diverse: one per topology, MoE kernel, all2all and speculation class) are queued;
+- :meth:`~GuidedSearch.before_ask`: when nothing is queued, the corrected model's next proposal
+  (largest expected improvement) is queued, so ``TrialStep.propose`` asks it like any other trial;
+- :meth:`~GuidedSearch.after_trial`: a finished trial's figures (or its failure class) refit the
+  model's correction factors, and the stop estimate (the chance an untried configuration beats the
+  winner by more than the noise) is recorded, in ``prediction.json`` and on the trial.
+
+Every driver can use it around its own trial step; the local loop does (:mod:`tuner.study.local`),
+and ``benchmarks/bench_search.py`` drives the same object with an in-memory study.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner import store
+from tuner.failures import FailureClass
+from tuner.objective import Objective
+from tuner.predict import Guide, Predictor, PriorUnavailable, predictor_for
+from tuner.search.checkpoints import Checkpoint
+from tuner.search.profile import HardwareProfile
+from tuner.search.space import build_config
+
+__all__ = ["PREDICTION_FILE", "STOP_BELOW", "GuidedSearch", "load_prediction", "prediction_section"]
+
+log = logging.getLogger(__name__)
+
+PREDICTION_FILE = "prediction.json"
+STOP_BELOW = 0.05
+"""``--stop-when-done`` ends screening once the chance to beat the winner falls below this."""
+PRIOR_PICKS = 3
+"""Configurations the prior queues after the baselines."""
+MIN_LAUNCHES_BEFORE_STOP = 4
+
+
+@dataclass
+class GuidedSearch:
+    """The model-guided search of one study (see the module docstring)."""
+
+    guide: Guide
+    profile: HardwareProfile
+    path: Path | None = None
+    """The study folder (``prediction.json`` goes there); None in a benchmark."""
+    seen: set[int] = field(default_factory=set)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, profile: HardwareProfile, checkpoint: Checkpoint | None, objective: Objective,
+              path: Path | None = None, *, seed: int = 0, noise_sd: float = 0.03) -> GuidedSearch:
+        """The guided search of a study; raises :class:`~tuner.predict.PriorUnavailable` with the reason."""
+        if checkpoint is None:
+            raise PriorUnavailable("the model needs a catalogued checkpoint (--checkpoint)")
+        predictor = predictor_for(profile, checkpoint, objective, seed=seed)
+        return cls(Guide(predictor, noise_sd=noise_sd, seed=seed), profile, path)
+
+    @property
+    def predictor(self) -> Predictor:
+        return self.guide.predictor
+
+    # -- points and trials ------------------------------------------------------------------------------
+    def point_of(self, params: Mapping[str, Any]) -> int | None:
+        try:
+            key = build_config(self.profile, dict(params)).key()
+        except (KeyError, ValueError):
+            return None
+        return self.predictor.table.index_of.get(key)
+
+    def enqueue_prior(self, ostudy: optuna.Study) -> list[int]:
+        """Queue the model's top few (once per study), after whatever is queued (the baselines)."""
+        if ostudy.user_attrs.get("prior_enqueued"):
+            return []
+        ostudy.set_user_attr("prior_enqueued", True)
+        baselines = [p for p in (self.point_of(b.values) for b in self.profile.baselines) if p is not None]
+        picks = self.predictor.diverse_top(PRIOR_PICKS, exclude=())
+        picks = [p for p in picks if p not in baselines][:PRIOR_PICKS]
+        ranked = {r.point: r for r in self.predictor.ranking(top=200)}
+        for rank, point in enumerate(picks, start=1):
+            predicted = ranked[point].value if point in ranked else None
+            ostudy.enqueue_trial(dict(self.predictor.table.params[point]),
+                                 user_attrs={"prior_rank": rank, "predicted_value": predicted},
+                                 skip_if_exists=True)
+        log.info("prior: queued %d configuration(s) predicted best, after the baselines", len(picks))
+        return picks
+
+    def before_ask(self, ostudy: optuna.Study) -> int | None:
+        """Queue the corrected model's next proposal when nothing else is queued; its point, or None."""
+        if ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return None
+        self.catch_up(ostudy)
+        exclude = [p for p in (self.point_of(t.params) for t in ostudy.get_trials(
+            deepcopy=False, states=(TrialState.RUNNING,))) if p is not None]
+        choice = self.guide.next_point(exclude)
+        if choice is None:
+            return None
+        ostudy.enqueue_trial(dict(self.predictor.table.params[choice.point]),
+                             user_attrs={"guided": True, "predicted_value": round(choice.predicted, 3),
+                                         "expected_improvement": round(choice.expected_improvement, 3),
+                                         "p_fail": round(choice.p_fail, 3)})
+        return choice.point
+
+    def catch_up(self, ostudy: optuna.Study) -> None:
+        """Observe every finished trial not seen yet (this worker's and others', resumed ones too)."""
+        for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.number not in self.seen:
+                self._observe(t)
+
+    def _observe(self, t: FrozenTrial) -> None:
+        self.seen.add(t.number)
+        attrs = t.user_attrs
+        if "duplicate_of" in attrs or attrs.get("launched") is False or attrs.get("confirmation_of") is not None:
+            return
+        point = self.point_of(t.params)
+        if point is None:
+            return
+        failure = attrs.get("failure_class")
+        figures = {"output_tok_s": _number(attrs.get("output_throughput")),
+                   "ttft_p95_ms": _number(attrs.get("p95_ttft_ms")),
+                   "itl_p95_ms": _number(attrs.get("p95_itl_ms"))}
+        concurrency = attrs.get("max_concurrency")
+        ran = failure in (None, "", FailureClass.SLO_VIOLATED.value, FailureClass.GUARD_FAILED.value)
+        self.guide.observe(point, concurrency=int(concurrency) if ran and concurrency else None,
+                           figures=figures if ran else None, value=t.value,
+                           feasible=bool(attrs.get("feasible")), failure_class=failure or None)
+
+    def after_trial(self, ostudy: optuna.Study, number: int) -> dict[str, Any]:
+        """Observe trial ``number`` (and any other new ones); record the model's view of it and the stop estimate."""
+        trial = ostudy.trials[number]
+        point = self.point_of(trial.params)
+        # What the model said before it saw this launch: the prior, and the prior as corrected so far.
+        predicted = self.guide.predicted(point) if point is not None else None
+        prior = self.predictor.prior_value(point) if point is not None else None
+        self.catch_up(ostudy)
+        correction = self.guide.refit()
+        chance = self.guide.chance_to_beat()
+        entry = {"trial": number, "chance_to_beat": round(chance, 4), "best_value": self.guide.best_value,
+                 "predicted_optimum": round(self.guide.predicted_optimum(), 2),
+                 "measured": trial.value if trial.user_attrs.get("feasible") else None,
+                 "feasible": bool(trial.user_attrs.get("feasible")),
+                 "measured_output_tok_s": _number(trial.user_attrs.get("output_throughput")),
+                 "failure_class": trial.user_attrs.get("failure_class"),
+                 "predicted_corrected": round(predicted.value, 2) if predicted else None,
+                 "predicted_prior": round(prior, 2) if prior is not None else None,
+                 "launches": len(self.guide.launches), "correction": correction.table(),
+                 "rms_log_error_before": round(correction.rms_before, 4),
+                 "rms_log_error_after": round(correction.rms_after, 4)}
+        self.history.append(entry)
+        if self.path is not None:
+            store.write_json(self.path / PREDICTION_FILE, {"history": self.history,
+                                                           "objective": self.predictor.objective.describe()})
+        return entry
+
+    def done(self) -> bool:
+        """The night is won: enough launches, and the chance to beat the winner below :data:`STOP_BELOW`."""
+        if len(self.guide.launches) < MIN_LAUNCHES_BEFORE_STOP or not self.history:
+            return False
+        return float(self.history[-1]["chance_to_beat"]) < STOP_BELOW
+
+
+def _number(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if out == out else None
+
+
+def load_prediction(study_path: Path) -> dict[str, Any] | None:
+    """``prediction.json`` of a study run with ``--prior model`` (None without one)."""
+    path = study_path / PREDICTION_FILE
+    if not path.is_file():
+        return None
+    data = store.read_json(path)
+    return data if isinstance(data, dict) else None
+
+
+def _fmt(value: Any, spec: str = ",.0f") -> str:
+    return "—" if value is None else format(float(value), spec)
+
+
+def prediction_section(study_path: Path, plot: Path | None = None) -> list[str]:
+    """The report's "Predict, then verify" section: every launch predicted against measured, the fitted
+    correction factors, and the stop estimate over the night (empty without ``--prior model``)."""
+    data = load_prediction(study_path)
+    if not data or not data.get("history"):
+        return []
+    history = data["history"]
+    lines = ["## Predict, then verify (`--prior model`)", "",
+             f"The performance model ranked the space before the first launch ({data.get('objective', '')}). "
+             "After each launch it refitted its correction factors; *before launch* is what it predicted for a "
+             "trial from the launches before it. *Chance to beat* is, after that launch, the model's "
+             "probability that an untried configuration beats the best measured value by more than twice the "
+             "noise: `--stop-when-done` stops below 5 %.", ""]
+    if plot is not None:
+        lines += [f"![predicted against measured]({plot.name})", ""]
+    rows = []
+    for h in history:
+        measured = h.get("measured") if h.get("feasible") else h.get("measured_output_tok_s")
+        predicted = h.get("predicted_corrected")
+        ratio = (f"{float(measured) / float(predicted):.2f}" if measured and predicted else "—")
+        what = "" if h.get("feasible") else (h.get("failure_class") or "infeasible")
+        rows.append(f"| {h['trial']} | {_fmt(h.get('predicted_prior'))} | {_fmt(predicted)} | {_fmt(measured)} "
+                    f"{what} | {ratio} | {float(h['chance_to_beat']):.0%} |")
+    lines += ["| trial | predicted, prior | predicted, before launch | measured | measured / predicted | "
+              "chance to beat |", "|---|---|---|---|---|---|", *rows, ""]
+    last = history[-1]
+    lines += [f"Correction factors after {last['launches']} launch(es) (measured / model speed of each part; "
+              f"68 % interval). Throughput log error of the launches: RMS {last['rms_log_error_before']:.3f} "
+              f"under the prior, {last['rms_log_error_after']:.3f} corrected.", "",
+              "| factor | multiplier | interval | constants |", "|---|---|---|---|"]
+    lines += [f"| {c['factor']} | {c['multiplier']} | {c['low']}–{c['high']} | {c['constants']} |"
+              for c in last.get("correction", [])]
+    return [*lines, ""]
