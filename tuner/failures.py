@@ -27,6 +27,8 @@ class FailureClass(str, Enum):
     SLO_VIOLATED = "slo_violated"    # ran fine, missed an SLO (recorded as constraint, not failure)
     LOAD_ERRORS = "load_errors"      # too many failed requests in the load run
     INTERRUPTED = "interrupted"      # the tuner was stopped during this trial
+    INVALID_WINDOW = "invalid_window"  # the server's counters contradict the workload (a random workload hit
+    #                                    the prefix cache): the measurement is refused (tuner/load/freshness.py)
 
 
 @dataclass(frozen=True)

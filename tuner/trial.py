@@ -226,13 +226,15 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                     return watch.tripped is not None or bool(should_stop and should_stop())
 
                 runs = []
+                next_job = 0  # each repeat sends prompts this server has not seen (tuner.load.freshness)
                 for index in range(repeats):
                     if repeats > 1:
                         phase(f"load {index + 1}/{repeats}")
                     run = measure(server.base_url, ctx.served_model_name, ctx.objective,
                                   vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
                                   scrape=lambda: _scrape(server, ctx.engine.metrics_path), power=ctx.power,
-                                  server_metrics=ctx.engine.metrics)
+                                  server_metrics=ctx.engine.metrics, first_job=next_job)
+                    next_job = run.next_job
                     runs.append(run)
                     if run.stopped:
                         break
@@ -265,6 +267,14 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=FailureClass.INTERRUPTED.value, reason="tuner stopped during the load",
                         summary=summary, ready_s=ready_s, kv_cache_tokens=kv_tokens)
+    refused = [why for run in runs for why in run.refused]
+    if refused:
+        more = f" (and {len(refused) - 1} more window(s); see load.json)" if len(refused) > 1 else ""
+        return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
+                        failure_class=FailureClass.INVALID_WINDOW.value,
+                        reason=f"measurement refused, the server's counters contradict the workload: "
+                               f"{refused[0]}{more}",
+                        summary=summary, server_metrics=server_metrics, ready_s=ready_s, kv_cache_tokens=kv_tokens)
     result_score = scores[middle]
     if repeats > 1 and not all(sc.feasible for sc in scores):
         # A candidate is confirmed only if every repeat met the SLOs.

@@ -6,6 +6,7 @@
     stream.py      reading a server's SSE stream; the aiohttp and httpx transports
     pool.py        one window spread over several client processes
     ladder.py      a concurrency ladder inside one launch (``measure``: the trial's entry point)
+    freshness.py   every window sends unseen prompts; the server's counters checked against the workload
     metrics.py     the window's summary (``vllm bench serve`` keys); reading a Prometheus page
     goodput.py     requests per second that met their own limits
     affinity.py    keeping the client off the server's cores

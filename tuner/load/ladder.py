@@ -17,6 +17,12 @@ TPOT or E2E latency, as soon as more requests broke the limit than a ``p<P>`` co
 every remaining request were instant; for failures, as soon as more failed than the objective
 allows of the planned step. The requests still in flight are recorded as failed ("stopped: …").
 
+Prompts are never re-sent within one launch: ``first_job`` says where this measurement starts in
+the workload's numbered prompts, and :attr:`Measurement.next_job` where the next one (a
+confirmation's next repeat) must start. After each step the server's counters are checked against
+the workload (:mod:`tuner.load.freshness`); a step they contradict (a random workload that hit the
+prefix cache) is refused: it is infeasible, and the measurement lists why in ``refused``.
+
 The measurement reports the best step that meets every SLO (by the objective's metric); when no
 step does, the lowest step, so the trial records its violations. Each step keeps its own summary
 (``vllm bench serve`` keys, plus server queue-time percentiles), ``/metrics`` counter deltas, the
@@ -38,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.load import metrics
+from tuner.load.freshness import WindowCheck, check_window
 from tuner.load.generator import LoadResult, RequestRecord, WindowPlan, jobs_for, run_window
 from tuner.load.metrics import ServerMetrics
 from tuner.load.poller import Poller
@@ -65,10 +72,15 @@ class Step:
     violations: tuple[str, ...] = ()
     early_stop_reason: str = ""
     client: Mapping[str, Any] = field(default_factory=dict)
+    check: WindowCheck = field(default_factory=WindowCheck)
+    """What the server's counters say about this window (refused, or flagged)."""
+    first_job: int = 0
+    """The window's first prompt number (its prompts are ``first_job`` onwards, never sent before)."""
 
     def to_json(self, *, with_requests: bool = True) -> dict[str, Any]:
         data: dict[str, Any] = {"concurrency": self.concurrency, "feasible": self.feasible,
                                 "violations": list(self.violations), "early_stop_reason": self.early_stop_reason,
+                                "first_job": self.first_job, "window_check": self.check.to_json(),
                                 "summary": dict(self.summary), "server": dict(self.server),
                                 "client": dict(self.client)}
         if with_requests:
@@ -89,11 +101,19 @@ class Measurement:
     stop_reason: str = ""
     client_saturated: bool = False
     client_starved: bool = False
+    next_job: int = 0
+    """The first prompt number this measurement did not send: where the next one on this server starts."""
+
+    @property
+    def refused(self) -> tuple[str, ...]:
+        """Every step's contradictions between the server's counters and the workload."""
+        return tuple(f"concurrency {s.concurrency}: {why}" for s in self.steps for why in s.check.refused)
 
     def to_json(self) -> dict[str, Any]:
         return {"summary": dict(self.summary), "server": dict(self.server), "chosen_step": self.chosen,
                 "stop_reason": self.stop_reason, "client_saturated": self.client_saturated,
-                "client_starved": self.client_starved,
+                "client_starved": self.client_starved, "next_job": self.next_job,
+                "refused_windows": list(self.refused),
                 "steps": [s.to_json() for s in self.steps]}
 
 
@@ -275,11 +295,16 @@ def _run_step(runner: _Runner, spec: LadderSpec | None, concurrency: int, first_
     early_reason = watch.reason if lost.is_set() else ""
     if early_reason:
         violations = (*violations, f"step cut early: {early_reason}")
-    feasible = verdict.feasible and not early_reason
+    check = check_window(workload, server, stopped=outer_stopped)
+    for why in check.refused:
+        logger.warning("ladder: concurrency %d: window refused: %s", concurrency, why)
+        violations = (*violations, f"window refused: {why}")
+    feasible = verdict.feasible and not early_reason and check.ok
     return Step(concurrency=concurrency, summary=summary, server=server,
                 result=LoadResult(records=result.records, duration_s=result.duration_s, concurrency=concurrency,
                                   request_rate=result.request_rate, stopped=outer_stopped, client=result.client),
-                feasible=feasible, violations=tuple(violations), early_stop_reason=early_reason, client=client)
+                feasible=feasible, violations=tuple(violations), early_stop_reason=early_reason, client=client,
+                check=check, first_job=first_job)
 
 
 def _warmup(runner: _Runner, concurrency: int, should_stop: Callable[[], bool]) -> bool:
@@ -314,14 +339,15 @@ def _choose(objective: Objective, steps: list[Step]) -> int | None:
 def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int, api_key: str | None,
             should_stop: Callable[[], bool], scrape: Scrape, server_metrics: ServerMetrics,
             power: PowerReader | None = None,
-            request_timeout_s: float = 600.0) -> Measurement:
+            request_timeout_s: float = 600.0, first_job: int = 0) -> Measurement:
     """Run the objective's load (one step, or its ladder) and pick the step the trial is scored by.
 
     ``power`` (when the host has GPUs to read) is sampled during every window: the window's summary
     then has ``gpu_energy_j``, ``tokens_per_joule`` and, at the objective's GPU-hour price,
     ``usd_per_mtok`` (:mod:`tuner.load.power`).
     ``scrape`` reads the server's ``/metrics`` page; ``server_metrics`` (the engine's) says what the
-    scrapes mean for each window.
+    scrapes mean for each window. ``first_job``: the first prompt number to send; a later
+    measurement on the same server passes the earlier one's ``next_job``, so no prompt is re-sent.
     """
     spec: LadderSpec | None = getattr(objective, "ladder", None)
     if spec is not None and not isinstance(spec, LadderSpec):
@@ -344,11 +370,11 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
             runner.pool = pool
         if not _warmup(runner, concurrencies[0], should_stop):
             return Measurement(summary=metrics.summarize(LoadResult((), 0.0, concurrencies[0], None, True)),
-                               server={}, steps=(), stopped=True, stop_reason="stopped during warm-up")
+                               server={}, steps=(), stopped=True, stop_reason="stopped during warm-up",
+                               next_job=first_job)
         rate_key = _rate_metric(objective)
         best_rate = -math.inf
         stale = 0
-        first_job = 0
         for concurrency in concurrencies:
             requests = workload.num_prompts if spec is None else max(
                 workload.num_prompts, math.ceil(concurrency * spec.prompts_per_concurrency))
@@ -395,11 +421,12 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
     chosen = _choose(objective, steps)
     stopped = any(s.result.stopped for s in steps)
     if chosen is None:
-        return Measurement(summary={}, server={}, steps=(), stopped=stopped, stop_reason=stop_reason)
+        return Measurement(summary={}, server={}, steps=(), stopped=stopped, stop_reason=stop_reason,
+                           next_job=first_job)
     best = steps[chosen]
     saturated = any(bool(s.client.get("client_saturated")) for s in steps)
     starved = any(bool(s.client.get("client_starved")) for s in steps)
     logger.info("ladder: reporting concurrency %d (%s)", best.concurrency, stop_reason)
     return Measurement(summary=best.summary, server={**best.server, "client": dict(best.client)},
                        steps=tuple(steps), stopped=stopped, chosen=chosen, stop_reason=stop_reason,
-                       client_saturated=saturated, client_starved=starved)
+                       client_saturated=saturated, client_starved=starved, next_job=first_job)

@@ -60,7 +60,10 @@ class ServerMetrics(Protocol):
     :func:`tuner.load.ladder.measure` scrapes the page before and after each window (and samples it
     during the window); this turns those scrapes into the step's ``server`` block: ``counters`` (the
     deltas, keyed by the engine's own names), ``spec_decode``, ``queue`` (``*_queue_ms`` keys, also
-    copied into the step's summary) and ``gauges``. ``after`` is empty when the window was stopped.
+    copied into the step's summary), ``gauges`` and ``facts`` (engine-neutral figures the window
+    check reads, :mod:`tuner.load.freshness`: ``prefix_cache_hits``, ``prefix_cache_queries``,
+    ``preemptions``, ``prompt_tokens``, ``kv_usage_max``, ``queue_p95_ms``; None = not reported).
+    ``after`` is empty when the window was stopped.
     """
 
     def window(self, before: Mapping[MetricKey, float], after: Mapping[MetricKey, float],

@@ -42,6 +42,7 @@ __all__ = [
     "gauge_total",
     "queue_time_summary",
     "spec_decode_summary",
+    "window_facts",
 ]
 
 SERVER_COUNTERS = (
@@ -136,8 +137,33 @@ class VllmMetrics:
             return {"counters": {}, "spec_decode": spec_decode_summary({}), "queue": {},
                     "gauges": gauge_summary(gauges)}
         deltas = counter_deltas(before, after, self.counters)
-        return {"counters": deltas, "spec_decode": spec_decode_summary(deltas),
-                "queue": queue_time_summary(before, after), "gauges": gauge_summary(gauges)}
+        queue = queue_time_summary(before, after)
+        gauge = gauge_summary(gauges)
+        return {"counters": deltas, "spec_decode": spec_decode_summary(deltas), "queue": queue, "gauges": gauge,
+                "facts": window_facts(deltas, after, queue, gauge)}
+
+
+def _reported(scrape: Mapping[MetricKey, float], name: str) -> bool:
+    base = name.removesuffix("_total")
+    return any(sample in (base, base + "_total") for sample, _labels in scrape)
+
+
+def window_facts(deltas: Mapping[str, float], after: Mapping[MetricKey, float], queue: Mapping[str, float],
+                 gauges: Mapping[str, Mapping[str, float | int | None]]) -> dict[str, float | None]:
+    """The figures :func:`tuner.load.freshness.check_window` reads, in engine-neutral names.
+
+    A counter the page did not carry is None (not reported), not 0 (reported, did not grow):
+    ``vllm:prefix_cache_*`` are absent when prefix caching is off.
+    """
+    def counter(name: str) -> float | None:
+        return counter_delta(deltas, name) if _reported(after, name) else None
+
+    return {"prefix_cache_hits": counter("vllm:prefix_cache_hits"),
+            "prefix_cache_queries": counter("vllm:prefix_cache_queries"),
+            "preemptions": counter("vllm:num_preemptions"),
+            "prompt_tokens": counter("vllm:prompt_tokens"),
+            "kv_usage_max": gauges.get(KV_CACHE_USAGE, {}).get("max"),
+            "queue_p95_ms": queue.get("p95_queue_ms")}
 
 
 VLLM_METRICS = VllmMetrics()

@@ -1,0 +1,118 @@
+"""Measured windows send prompts the server has not seen: proved by the real vLLM CPU server's own counters.
+
+One server serves the tiny demo model with prefix caching on (``--enable-prefix-caching``, block size
+32). Two measurements on it, the second starting where the first stopped (as a confirmation's repeats
+do), show no prefix-cache hit in any window. The old behaviour, a second measurement that starts at
+prompt 0 again (each repeat re-sending jobs 0..n), hits the cache, and the window check refuses it.
+Then one real trial with two repeats in one launch (``run_trial``, the confirmation path) records no
+hit in either repeat. Run under ``flock /tmp/dsv4-vllm.lock``: it starts servers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import vllm_cli
+from tuner.engines import default_engine
+from tuner.engines.process import LaunchSpec, ServerProcess, free_port
+from tuner.load.affinity import plan_cpu_split
+from tuner.load.ladder import LadderSpec, Measurement, measure
+from tuner.load.metrics import parse_prometheus
+from tuner.objective import Objective, Workload
+from tuner.search.space import ServeConfig
+from tuner.trial import TrialContext, run_trial
+
+pytestmark = [pytest.mark.server]
+
+SERVED = "demo"
+VOCAB = 4096
+SPLIT = plan_cpu_split(1, bind_omp=True)
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}
+ARGS = {"max-model-len": 1024, "enforce-eager": True, "dtype": "bfloat16", "max-num-seqs": 8, "block-size": 32,
+        "enable-prefix-caching": True}
+# Two ladder steps, so a measurement has two windows of 6 prompts of 128 tokens each (4 blocks of 32).
+OBJECTIVE = Objective(
+    name="fresh", metric="output_throughput", direction="maximize", slos={"p95_ttft_ms": 600_000},
+    workload=Workload(input_len=128, output_len=8, range_ratio=0.0, num_prompts=6, concurrency=4,
+                      warmup_prompts=2, ignore_eos=True),
+    ladder=LadderSpec(steps=(2, 4), prompts_per_concurrency=1.5, min_gain=0.0, patience=2,
+                      stop_on_client_saturation=False))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[ServerProcess]:
+    cli = vllm_cli()
+    assert cli is not None
+    workdir = tmp_path_factory.mktemp("fresh-server")
+    port = free_port()
+    engine = default_engine()
+    flags = engine.flags(ARGS)
+    spec = LaunchSpec(argv=[cli, "serve", str(demo_model), "--host", "127.0.0.1", "--port", str(port),
+                            "--served-model-name", SERVED, *flags],
+                      env={**ENV, **engine.server_env(SPLIT, ARGS), "VLLM_CACHE_ROOT": str(workdir / "cache")},
+                      host="127.0.0.1", port=port, workdir=workdir, ready_timeout_s=300,
+                      cpus=SPLIT.server if SPLIT else None)
+    with ServerProcess(spec) as proc:
+        proc.wait_ready()
+        yield proc
+
+
+def _measure(server: ServerProcess, first_job: int) -> Measurement:
+    def scrape() -> dict[Any, float]:
+        return dict(parse_prometheus(httpx.get(server.base_url + "/metrics", timeout=10).text))
+
+    return measure(server.base_url, SERVED, OBJECTIVE, vocab_size=VOCAB, api_key=None, should_stop=lambda: False,
+                   scrape=scrape, server_metrics=default_engine().metrics, request_timeout_s=300,
+                   first_job=first_job)
+
+
+def _hits(m: Measurement) -> list[tuple[float, float]]:
+    return [(s.server["facts"]["prefix_cache_hits"], s.server["facts"]["prefix_cache_queries"]) for s in m.steps]
+
+
+def test_windows_on_one_server_send_fresh_prompts_and_the_old_restart_at_prompt_0_is_refused(
+        server: ServerProcess) -> None:
+    first = _measure(server, 0)
+    second = _measure(server, first.next_job)
+    assert [s.first_job for s in (*first.steps, *second.steps)] == [0, 6, 12, 18]
+    assert first.next_job == 12 and second.next_job == 24
+    for m in (first, second):
+        assert len(m.steps) == 2 and m.refused == ()
+        for hits, queries in _hits(m):
+            assert queries > 0, "the server reported no prefix-cache queries: is prefix caching on?"
+            assert hits == 0, _hits(m)
+        assert all(s.feasible for s in m.steps)
+    # The old behaviour: the next repeat starts at prompt 0 again. The cache serves those prompts,
+    # and the window check refuses the windows.
+    again = _measure(server, 0)
+    hits, queries = _hits(again)[0]
+    assert hits > 0.5 * queries, _hits(again)  # 3 of each prompt's 4 blocks come from the cache
+    assert again.refused and "on a 'random' workload that shares no prefix" in again.refused[0]
+    assert not again.steps[0].feasible and any("window refused" in v for v in again.steps[0].violations)
+    assert len(again.steps) == 1  # a refused window ends the ladder, as a broken SLO does
+
+
+def test_a_confirmation_launch_measures_every_repeat_cold(tmp_path: Path, demo_model: Path) -> None:
+    cli = vllm_cli()
+    assert cli is not None
+    ctx = TrialContext(vllm_cmd=[cli], model=str(demo_model), objective=OBJECTIVE, vocab_size=VOCAB,
+                       served_model_name=SERVED, ready_timeout_s=300, cpu_split=SPLIT)
+    config = ServeConfig(args={**ARGS, "max-num-seqs": 4}, env=ENV)
+    outcome = run_trial(ctx, config, tmp_path / "trial", repeats=2)
+    assert outcome.ok, outcome.reason
+    load = json.loads((tmp_path / "trial" / "load.json").read_text())
+    assert len(load["repeats"]) == 2
+    starts = [step["first_job"] for r in load["repeats"] for step in r["steps"]]
+    assert starts == [0, 6, 12, 18], starts
+    for repeat in load["repeats"]:
+        assert repeat["refused_windows"] == []
+        for step in repeat["steps"]:
+            facts = step["server"]["facts"]
+            assert facts["prefix_cache_queries"] > 0 and facts["prefix_cache_hits"] == 0, facts
+            assert step["window_check"]["refused"] == []
