@@ -140,6 +140,23 @@ def _plot_bars(data: dict[str, float], title: str, out: Path) -> Path | None:
     return out
 
 
+def _energy_section(trials: list[FrozenTrial]) -> list[str]:
+    """Tokens per joule and $ per million output tokens of each launch's reported window (GPU nodes only)."""
+    def fmt(t: FrozenTrial, key: str, spec: str) -> str:
+        value = t.user_attrs.get(key)
+        return "" if value is None else format(float(value), spec)
+
+    rows: list[list[Any]] = [[t.number, fmt(t, "output_throughput", ".1f"), fmt(t, "gpu_power_mean_w", ".0f"),
+                              fmt(t, "tokens_per_joule", ".3f"), fmt(t, "usd_per_mtok", ".4f")]
+                             for t in trials if "tokens_per_joule" in t.user_attrs]
+    if not rows:
+        return []
+    return ["## Energy and cost", "",
+            "The node's GPUs were read during each launch's reported window (NVML, idle GPUs included); "
+            "$ per million output tokens is at the study's `--gpu-hour-usd`.", "",
+            _table(["trial", "out tok/s", "mean GPU power W", "tokens per joule", "$ per Mtok"], rows), ""]
+
+
 def failure_counts(study: optuna.Study) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for t in study.get_trials(deepcopy=False):
@@ -223,6 +240,7 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                          [[t.number, f"{t.value:.2f}" if t.value is not None else "",
                            ", ".join(f for f in ("saturated", "starved") if t.user_attrs.get(f"client_{f}"))]
                           for t in client_flagged]), ""]
+    lines += _energy_section(trials)
     counts = failure_counts(study)
     lines += ["## Failures", "", _table(["class", "trials"], [[k, v] for k, v in counts.items()]) if counts
               else "None.", ""]

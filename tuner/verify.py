@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -109,7 +108,7 @@ def verify_export(study: Study, *, repeats: int | None = None,
     port = choose_port(ctx.host, study.record.port)
     api_key = secrets.token_urlsafe(24)
     served = _served_name(best) or ctx.served_model_name
-    vllm_cmd = shlex.join(ctx.vllm_cmd)
+    vllm_cmd = " ".join(ctx.vllm_cmd)  # serve.sh splits VLLM_CMD on blanks (read -a), as export writes it
     argv = [str(serve_sh), "--port", str(port)]
     env = {study.engine.api_key_env: api_key, "VLLM_CMD": vllm_cmd}
     split = ctx.cpu_split

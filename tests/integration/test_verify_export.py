@@ -74,6 +74,8 @@ def test_the_study_ranked_by_tokens_per_joule_and_exported(verified: dict[str, A
         assert float(row["usd_per_mtok"]) == pytest.approx(PRICE / 3600 / (float(row["output_throughput"]) / 1e6),
                                                            rel=1e-6)
     assert (study / "best" / "serve.sh").is_file()
+    report = (study / "report.md").read_text()
+    assert "## Energy and cost" in report and "tokens per joule" in report
 
 
 def test_verify_served_the_export_as_it_is_and_recorded_both_numbers(verified: dict[str, Any]) -> None:
