@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner import store
 from tuner.study import Study
+from tuner.study.study import PREVALIDATION_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
              f"- workload: {obj.workload.model_dump_json()}",
              f"- trials: {len(trials)} told ({sum(1 for t in trials if t.user_attrs.get('launched', True))} "
              f"launched), {len(ranked)} feasible",
+             f"- pre-launch argument checks: {study.user_attrs.get(PREVALIDATION_ATTR) or 'not recorded'}",
              ""]
     if winner is not None and winner.exportable_without_consent:
         lines += [f"**Winner: trial {winner.trial}, {obj.metric} = {winner.value:.2f}** "

@@ -65,6 +65,7 @@ def test_a_study_whose_confirmation_was_rejected_exports_nothing_and_exits_3(
     assert not (study / "best").exists()
     report = (study / "report.md").read_text()
     assert "No candidate was confirmed" in report and "2293.9, 632.7, 3361.8" in report
+    assert "- pre-launch argument checks: off (--prevalidate off)" in report  # whether they ran
     # `export` refuses it too, with the same reason, and the same exit code
     assert main(["export", "s", "--runs-dir", str(tmp_path / "runs")]) == EXIT_UNCONFIRMED
     assert "2293.9 / 632.7 / 3361.8" in " ".join(capsys.readouterr().err.split())

@@ -88,15 +88,28 @@ def test_validator_reads_the_026_serve_parser(vllm_026_layout) -> None:  # type:
     assert problems == []
 
 
-def test_auto_prevalidation_is_skipped_when_the_parser_cannot_be_built(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_prevalidation_is_skipped_when_the_parser_cannot_be_built_and_says_so_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("vllm", reason="vLLM is not importable here")
+    from tuner.engines import default_engine
     from tuner.engines.vllm import validate as vllm_validate
+    from tuner.objective import load_objective
+    from tuner.search.prelaunch import PreLaunch
+    from tuner.search.profile import load_profile
 
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers.cli_args", None)
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers", None)
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.cli_args", None)
+    monkeypatch.setattr(vllm_validate, "_REPORTED", set())
     vllm_validate._parser.cache_clear()
+    caplog.set_level("WARNING", logger=vllm_validate.__name__)
     try:
         assert vllm_validate.vllm_available() is False
+        checks = PreLaunch(load_profile("cpu"), None, load_objective("throughput"), "auto", default_engine())
+        assert checks.validate is False
+        assert checks.validation_note.startswith("OFF (--prevalidate auto)")
     finally:
         vllm_validate._parser.cache_clear()
+    said = [r.getMessage() for r in caplog.records if "pre-launch checks off" in r.getMessage()]
+    assert len(said) == 1, said  # once, though asked twice
+    assert "serve argument parser (cli_args) was not found" in said[0] and "--prevalidate off" in said[0]

@@ -51,3 +51,18 @@ def test_plan_is_deterministic() -> None:
     a = build_plan("b200x8", None, 3600, None, samples=60, seed=3)
     b = build_plan("b200x8", None, 3600, None, samples=60, seed=3)
     assert a == b
+
+
+def test_plan_says_whether_the_engines_own_checks_will_run(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not importable here")
+    from tuner.cli.main import main
+    from tuner.engines.vllm import validate as vllm_validate
+
+    assert main(["plan", "--hw", "cpu"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "Pre-launch argument checks (--prevalidate auto): vLLM's own checks will run before every launch" in said
+    monkeypatch.setattr(vllm_validate, "vllm_available", lambda: False)  # the parser cannot be built here
+    assert main(["plan", "--hw", "cpu"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "vLLM's own checks cannot run in this environment" in said and "launch unchecked" in said

@@ -301,6 +301,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     budget_s = parse_duration(args.budget) if args.budget else None
     report = build_plan(args.hw, args.objective, budget_s, args.checkpoint)
     console.print(format_plan(report), markup=False, soft_wrap=True)
+    engine = default_engine()
+    checks = ("will run before every launch" if engine.can_validate() else  # when not, the engine logs why
+              "cannot run in this environment (the reason is logged above): configurations launch unchecked")
+    console.print(f"Pre-launch argument checks (--prevalidate auto): {engine.title}'s own checks {checks}.",
+                  markup=False, soft_wrap=True)
     return 0
 
 

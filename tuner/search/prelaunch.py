@@ -68,6 +68,8 @@ class PreLaunch:
         self.checkpoint = checkpoint
         self.objective = objective
         self.engine = engine if engine is not None else default_engine()
+        self.validation_note = ""
+        """Whether the engine's own argument checks run, and why not when they do not (report, status)."""
         self.validate = self._decide_validation(prevalidate)
         self.kv_observations: list[tuple[Mapping[str, Any], int]] = []
         self.calibration: KvCalibration | None = None
@@ -90,11 +92,17 @@ class PreLaunch:
 
     def _decide_validation(self, mode: str) -> bool:
         if mode == "off":
+            self.validation_note = f"off (--prevalidate off): {self.engine.title}'s own argument checks not run"
             return False
-        available = self.engine.can_validate()
+        available = self.engine.can_validate()  # when it cannot, the engine logs why, once
         if mode == "on" and not available:
             raise UsageError(f"--prevalidate on, but {self.engine.title} cannot be imported here. Fix: install "
                              f"{self.engine.title} in the tuner's environment, or use --prevalidate off")
+        self.validation_note = (f"on (--prevalidate {mode}): {self.engine.title}'s own argument checks run before "
+                                "every launch" if available else
+                                f"OFF (--prevalidate auto): {self.engine.title}'s own argument checks cannot run in "
+                                "the tuner's environment (the reason is logged when the study starts); "
+                                "configurations launched unchecked")
         return available
 
     def check(self, config: ServeConfig, ctx: LaunchTarget) -> Refusal | None:

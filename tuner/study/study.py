@@ -38,6 +38,9 @@ __all__ = ["Study", "storage_for_record"]
 
 log = logging.getLogger(__name__)
 
+PREVALIDATION_ATTR = "prevalidation"
+"""Study attribute: whether the engine's own argument checks ran before launches (PreLaunch.validation_note)."""
+
 
 def storage_for_record(record: StudyRecord, study_path: Path) -> str:
     """The Optuna storage URL of a study: SQLite in its folder, or the shared URL of ``record.storage``.
@@ -208,6 +211,8 @@ class Study:
     def prelaunch(self, ostudy: optuna.Study) -> PreLaunch:
         """The pre-launch checks, with the KV capacity of every trial launched so far already learnt."""
         checks = PreLaunch(self.profile, self.checkpoint, self.objective, self.record.prevalidate, self.engine)
+        if ostudy.user_attrs.get(PREVALIDATION_ATTR) != checks.validation_note:  # the report says whether they ran
+            ostudy.set_user_attr(PREVALIDATION_ATTR, checks.validation_note)
         self.learn_kv(ostudy, checks)
         return checks
 

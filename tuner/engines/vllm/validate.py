@@ -76,16 +76,38 @@ def _cli_args() -> Any:
     raise ModuleNotFoundError("vLLM's serve argument parser (cli_args) was not found")
 
 
-def vllm_available() -> bool:
-    """vLLM imports here AND its serve parser can be built; else validation is skipped, never
-    turned into a refusal of every configuration."""
+_REPORTED: set[str] = set()
+"""Reasons already logged: the validation being off is said once per process, not once per study step."""
+
+
+def unavailable_reason() -> str | None:
+    """Why vLLM's own argument checks cannot run in this environment (None: they can).
+
+    The first time a reason is seen it is logged at WARNING: ``--prevalidate auto`` then launches
+    every configuration unchecked, and the user must be able to see that, and why.
+    """
     try:
         import vllm  # noqa: F401
 
         _parser()
-    except Exception:
-        return False
-    return True
+    except Exception as exc:
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+        reason = f"{type(exc).__name__}: {first}"[:300]
+        if reason not in _REPORTED:
+            _REPORTED.add(reason)
+            log.warning("pre-launch checks off: vLLM's serve parser cannot be built in the tuner's environment "
+                        "(%s), so configurations launch without vLLM's own argument checks and a bad flag "
+                        "costs a launch. Fix: install in this environment the vLLM the servers run, or pass "
+                        "--prevalidate off to say so", reason)
+        return reason
+    return None
+
+
+def vllm_available() -> bool:
+    """vLLM imports here AND its serve parser can be built; else validation is skipped (and that is
+    logged once, with the reason: :func:`unavailable_reason`), never turned into a refusal of every
+    configuration."""
+    return unavailable_reason() is None
 
 
 @lru_cache(maxsize=1)
