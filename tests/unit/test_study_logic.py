@@ -66,8 +66,12 @@ def test_failures_are_complete_with_violated_constraints(tmp_path: Path, fake_la
     study_obj = _study(tmp_path, trials=12)
     optuna_study = study_obj.run()
     told = [t for t in optuna_study.trials if "duplicate_of" not in t.user_attrs]
-    # a speculative proposal launches with its control, so the last pair may pass --trials by one
-    assert 12 <= len([t for t in told if t.state == TrialState.COMPLETE]) <= 13
+    complete = [t for t in told if t.state == TrialState.COMPLETE]
+    trials = [t for t in complete if "control_for" not in t.user_attrs and t.user_attrs.get("launched", True)]
+    controls = [t for t in complete if "control_for" in t.user_attrs]
+    # --trials counts trials; a speculative trial's control launches beside it and is counted apart
+    assert len(trials) == 12
+    assert controls and {c.user_attrs["control_for"] for c in controls} <= {t.user_attrs["config_key"] for t in trials}
     failed = [t for t in told if t.user_attrs.get("failure_class") == "bad_flag"]
     for t in failed:
         assert t.state == TrialState.COMPLETE
@@ -144,8 +148,9 @@ def test_interrupt_marks_the_trial_and_resume_requeues_it(tmp_path: Path, monkey
     optuna_study = resumed.run()
     retried = [t for t in optuna_study.trials if t.user_attrs.get("retry_of") == interrupted[0].number]
     assert len(retried) == 1 and retried[0].params == interrupted[0].params
-    done = [t for t in optuna_study.trials if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
-    assert 4 <= len(done) <= 5  # a control/speculative pair may pass --trials by one
+    done = [t for t in optuna_study.trials if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs
+            and "control_for" not in t.user_attrs and t.user_attrs.get("launched", True)]
+    assert len(done) == 4  # --trials counts trials; their controls are counted apart
 
 
 def test_second_tuner_on_the_same_study_is_refused(tmp_path: Path, fake_launches: list[ServeConfig]) -> None:

@@ -50,8 +50,10 @@ def test_a_workers_speculative_trial_launches_after_its_control(tmp_path: Path,
     shared.optuna_study().enqueue_trial(SPECULATIVE)  # ahead of the profile's baselines
     ostudy = Worker(shared, WorkerOptions(worker_id="a"), url=url, identity=NODE).run()
 
-    assert len(launches) == 2
-    control, speculative = launches
+    # --trials 2 counts trials: the speculative one and one more; its control launches first, counted apart
+    assert len(launches) == 3
+    control, speculative, other = launches
+    assert other.key() not in (control.key(), speculative.key())
     assert speculative.is_speculative and not control.is_speculative
     assert control.key() == speculative.control().key()
     by_key = {t.user_attrs["config_key"]: t for t in ostudy.get_trials(states=(TrialState.COMPLETE,))}

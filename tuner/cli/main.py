@@ -139,18 +139,14 @@ def _progress_printer(start: float) -> Callable[[Progress], None]:
     last: dict[str, object] = {}
 
     def show(p: Progress) -> None:
-        state = (p.trial_number, p.phase, p.launched)
+        state = (p.stage, p.trial_number, p.phase, p.launched, p.controls, p.repeat)
         if last.get("state") == state:
             return
         last["state"] = state
-        total = f"{p.launched}/{p.target}" if p.target else f"{p.launched}"
-        best = f"best {p.best_value:.1f} (trial {p.best_trial})" if p.best_value is not None else "best -"
-        left = f"{p.seconds_left / 60:.0f} min left" if p.seconds_left is not None else ""
         elapsed = f"{(time.time() - start) / 60:.1f} min"
         if (p.last and p.phase in ("done",)) or (p.phase == "launch" and p.events):
             console.print(f"  {p.events[-1]}" if p.events else "")
-        console.print(f"[bold]{p.study}[/] trials {total} · trial {p.trial_number} {p.phase} · {best} · "
-                      f"{elapsed} {left}")
+        console.print(f"[bold]{p.study}[/] {p.describe()} · {elapsed} elapsed")
 
     return show
 

@@ -239,16 +239,23 @@ class ConfirmationPhase:
             return
         per_candidate_s = self.reserve_s(study) / (self.spec.top_k * 1.5)
         done = {(c.trial, c.config_key) for c in self.confirmations(study)}
-        for number, config, control_of in self.candidates(study):
-            if (number, config.key()) in done or should_stop():
+        todo = [(n, c, of) for n, c, of in self.candidates(study) if (n, c.key()) not in done]
+        progress.stage, progress.confirm_planned, progress.confirm_done = "confirmation", len(todo), 0
+        for number, config, control_of in todo:
+            if should_stop():
                 continue
             if deadline is not None and time.time() + per_candidate_s > deadline:
                 progress.events.append(f"no time left to confirm trial {number}; its result stays unconfirmed")
+                progress.confirm_planned -= 1
                 on_progress(progress)
                 continue
             suffix = "-control" if control_of is not None else ""
             tdir = self.path / "confirm" / f"{number:04d}{suffix}"
             progress.trial_number = number
+            progress.current = f"control of trial {number} (speculation off)" if control_of is not None else (
+                f"trial {number}")
+            progress.repeat = None
+            progress.confirm_running = progress.confirm_done + 1
             progress.phase = f"confirm{suffix}"
             on_progress(progress)
             outcome = run_trial(self._context(ctx, study.trials[number]), config, tdir, should_stop=should_stop,
@@ -264,6 +271,8 @@ class ConfirmationPhase:
             stored = list(study.user_attrs.get("confirmations", []))
             stored.append(verdict.to_json())
             study.set_user_attr("confirmations", stored)
+            progress.confirm_done += 1
+            progress.repeat = None
             progress.events.append(f"confirm trial {number}{suffix}: {verdict.reason}")
             on_progress(progress)
 

@@ -17,6 +17,7 @@ from tuner.study.confirm import ConfirmationPhase
 from tuner.study.progress import Progress, phase_reporter
 from tuner.study.ranking import (
     best_feasible_trial,
+    launched_controls,
     launched_keys,
     launched_numbers,
     time_for_another,
@@ -45,6 +46,7 @@ class LocalLoop:
         progress = Progress(study=record.name, target=record.trials, deadline=deadline)
         launched = launched_keys(ostudy)
         progress.launched = len(launched_numbers(ostudy))
+        progress.controls = len(launched_controls(ostudy))
         self._update_best(progress)
         duplicates = 0
         while True:
@@ -77,6 +79,7 @@ class LocalLoop:
         if not should_stop():
             self.confirmation.run(ostudy, step.ctx, step.run_trial, progress, on_progress, should_stop, deadline)
         progress.phase = "done"
+        progress.stage = "done"
         on_progress(progress)
         write_trials_table(ostudy, step.path)
         return ostudy
@@ -94,10 +97,12 @@ class LocalLoop:
             on_progress(progress)
             return "pruned"
         progress.trial_number = proposal.number
+        control = "control_for" in proposal.trial.user_attrs  # a speculative trial's twin: not a --trials trial
+        progress.current = f"control {proposal.number} (speculation off)" if control else f"trial {proposal.number}"
         outcome = step.launch(proposal, should_stop=should_stop, on_phase=phase_reporter(progress, on_progress))
         launched[proposal.key] = proposal.number
         self._update_best(progress)
-        progress.launched_one(proposal.number, outcome, step.objective.metric)
+        progress.launched_one(proposal.number, outcome, step.objective.metric, control=control)
         on_progress(progress)
         write_trials_table(step.ostudy, step.path)
         return "launched"

@@ -1,7 +1,13 @@
-"""What a running study shows: :class:`Progress`, updated at every phase change and handed to the CLI."""
+"""What a running study shows: :class:`Progress`, updated at every phase change and handed to the CLI.
+
+Screening counts trials (what ``--trials`` counts) apart from their controls, with an ETA from the
+measured launch times; confirmation is its own stage, candidate by candidate, repeat by repeat.
+"""
 
 from __future__ import annotations
 
+import re
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -9,6 +15,8 @@ from dataclasses import dataclass, field
 from tuner.trial import TrialOutcome
 
 __all__ = ["Progress", "phase_reporter"]
+
+_REPEAT = re.compile(r"^load (\d+)/(\d+)$")
 
 
 @dataclass
@@ -25,17 +33,77 @@ class Progress:
     deadline: float | None = None
     last: str = ""
     events: list[str] = field(default_factory=list)
+    controls: int = 0
+    """Controls launched (no-speculation twins of speculative trials), apart from ``launched`` (trials)."""
+    launch_s: list[float] = field(default_factory=list)
+    """Measured wall time of each launch so far (start to stop): what the ETA is reckoned from."""
+    stage: str = "screening"
+    """``screening``, ``confirmation`` or ``done``."""
+    current: str = ""
+    """What runs now, in words: ``trial 7``, ``control 8 (speculation off)``, ``trial 3``."""
+    confirm_planned: int = 0
+    """Confirmation launches this run will make (candidates and their controls)."""
+    confirm_done: int = 0
+    confirm_running: int = 0
+    """Which of the ``confirm_planned`` launches runs now (1-based)."""
+    repeat: tuple[int, int] | None = None
+    """Confirmation: (the repeat running, the repeats planned) of the current launch."""
 
     @property
     def seconds_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.time())
 
-    def launched_one(self, number: int, outcome: TrialOutcome, metric: str) -> None:
-        """Count a launch and say how it went (``last``, and an event)."""
-        self.launched += 1
-        self.last = (f"trial {number}: {outcome.value:.1f} {metric}" if outcome.ok
-                     else f"trial {number} failed: {outcome.failure_class}")
+    @property
+    def median_launch_s(self) -> float | None:
+        return statistics.median(self.launch_s) if self.launch_s else None
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds until the planned trials are screened, at the median measured launch (None: unknown)."""
+        median = self.median_launch_s
+        if self.target is None or median is None:
+            return None
+        return max(0, self.target - self.launched) * median
+
+    def launched_one(self, number: int, outcome: TrialOutcome, metric: str, *, control: bool = False) -> None:
+        """Count a launch (a trial, or a control apart) and say how it went (``last``, and an event)."""
+        if control:
+            self.controls += 1
+        else:
+            self.launched += 1
+        self.launch_s.append(outcome.duration_s)
+        what = f"control {number}" if control else f"trial {number}"
+        self.last = (f"{what}: {outcome.value:.1f} {metric}" if outcome.ok
+                     else f"{what} failed: {outcome.failure_class}")
         self.events.append(self.last)
+
+    def counts(self) -> str:
+        """``trials 4/4 (+1 control)``: trials against ``--trials``, controls named apart."""
+        text = f"trials {self.launched}/{self.target}" if self.target else f"trials {self.launched}"
+        if self.controls:
+            text += f" (+{self.controls} control{'s' if self.controls != 1 else ''})"
+        return text
+
+    def describe(self, unit: str = "min") -> str:
+        """One line: the stage, what runs, how far along, the best so far, and the time left (``unit``:
+        the study clock's minutes, ``node min`` on the emulated node)."""
+        best = f"best {self.best_value:.1f} (trial {self.best_trial})" if self.best_value is not None else "best -"
+        left = self.seconds_left
+        budget = f"{left / 60:.0f} {unit} of budget left" if left is not None else ""
+        if self.stage == "confirmation":
+            repeat = f" · repeat {self.repeat[0]}/{self.repeat[1]}" if self.repeat else ""
+            parts = [f"confirmation {self.confirm_running}/{self.confirm_planned}: {self.current}{repeat} · "
+                     f"{self.phase}", best,
+                     budget]
+        elif self.stage == "done":
+            parts = [f"done: {self.counts()}, {self.confirm_done} confirmation launch(es)", best]
+        else:
+            median, eta = self.median_launch_s, self.eta_s
+            timing = (f"ETA {eta / 60:.0f} {unit} ({median / 60:.1f} {unit} per launch, measured)"
+                      if eta is not None and median is not None else "")
+            parts = [f"screening: {self.counts()} · {self.current or 'next'} {self.phase}".rstrip(), best,
+                     timing, budget]
+        return " · ".join(p for p in parts if p)
 
 
 def phase_reporter(progress: Progress, on_progress: Callable[[Progress], None],
@@ -43,6 +111,9 @@ def phase_reporter(progress: Progress, on_progress: Callable[[Progress], None],
     """``on_phase`` for a trial: each phase it enters (``launch``, ``guards``, ``load``) shown, prefixed."""
     def report(name: str) -> None:
         progress.phase = f"{prefix} {name}" if prefix else name
+        repeat = _REPEAT.match(name)  # the trial says "load 2/3" for a confirmation's second repeat of three
+        if repeat:
+            progress.repeat = (int(repeat.group(1)), int(repeat.group(2)))
         on_progress(progress)
 
     return report

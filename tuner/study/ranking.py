@@ -16,8 +16,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner import store
 
-__all__ = ["best_feasible_trial", "feasible_trials", "launched_keys", "launched_numbers", "running_keys",
-           "time_for_another", "trials_frame", "write_trials_table"]
+__all__ = ["best_feasible_trial", "feasible_trials", "launched_controls", "launched_keys", "launched_numbers",
+           "running_keys", "time_for_another", "trials_frame", "write_trials_table"]
 
 
 def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -46,9 +46,18 @@ def launched_keys(study: optuna.Study) -> dict[str, int]:
 
 
 def launched_numbers(study: optuna.Study) -> list[int]:
-    """The trials that launched a server (what ``--trials`` counts)."""
+    """The screening trials that launched a server: what ``--trials`` counts. Controls (the no-speculation
+    twins launched beside speculative trials) are not among them: :func:`launched_controls`."""
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True)]
+            if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True)
+            and "control_for" not in t.user_attrs]
+
+
+def launched_controls(study: optuna.Study) -> list[int]:
+    """The controls that launched a server (shown as controls, never counted toward ``--trials``)."""
+    return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True)
+            and "control_for" in t.user_attrs]
 
 
 def running_keys(study: optuna.Study, exclude_number: int | None = None) -> dict[str, int]:
