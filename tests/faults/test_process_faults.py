@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -63,16 +62,15 @@ def _ctx(program: Sequence[str], objective: Objective | None = None, **kw: objec
 # -- hang during startup ---------------------------------------------------------------------------
 def test_hang_before_ready_times_out_and_kills_the_whole_group(tmp_path: Path) -> None:
     ctx = _ctx([sys.executable, str(STANDINS / "hang_before_ready.py")], ready_timeout_s=3)
-    started = time.monotonic()
     outcome = run_trial(ctx, ServeConfig(args={}, env={}, params={}), tmp_path / "t0")
-    took = time.monotonic() - started
     pids = json.loads((tmp_path / "t0/standin_pids.json").read_text())
     assert outcome.failure_class == "timeout", outcome.reason
     assert "not ready after 3 s" in outcome.reason
     assert _dead(pids["parent"]) and _dead(pids["child"]), "the SIGTERM-ignoring child outlived the timeout"
     assert not group_alive(pids["parent"])
     assert not (tmp_path / "t0/server.pid.json").exists()
-    assert took < 3 + 15 + 5 + 5, took  # ready timeout + SIGTERM grace + SIGKILL wait + slack
+    assert outcome.duration_s >= 3  # the ready timeout was given in full (how long the stop takes:
+    # benchmarks/bench_stop_times.py, docs/evidence/stop-times)
     assert json.loads((tmp_path / "t0/outcome.json").read_text())["failure_class"] == "timeout"
 
 
@@ -83,12 +81,14 @@ def test_health_500_mid_run_stops_the_trial_in_bounded_time(tmp_path: Path) -> N
     ctx = _ctx([sys.executable, str(STANDINS / "unhealthy_midrun.py")], objective, ready_timeout_s=30,
                health_poll_s=0.5)
     config = ServeConfig(args={}, env={"HEALTH_500_AFTER_S": "2"}, params={})
-    started = time.monotonic()
     outcome = run_trial(ctx, config, tmp_path / "t0")
-    took = time.monotonic() - started
-    # each request would stream for 400 × 0.25 s = 100 s; the trial must not wait for them
-    assert took < 40, took
     assert outcome.failure_class == "unhealthy", outcome.reason
+    # Each request would stream 400 tokens, 0.25 s apart (100 s); the trial must not wait for them: no
+    # request may have streamed to its end, and those in flight end as failed.
+    load = json.loads((tmp_path / "t0/load.json").read_text())
+    requests = [r for run in load["repeats"] for step in run["steps"] for r in step["requests"]]
+    assert requests and all(r["output_tokens"] < 400 for r in requests), [r["output_tokens"] for r in requests]
+    assert any(not r["ok"] for r in requests)
     assert outcome.ok is False and outcome.feasible is False
     assert "server unhealthy" in outcome.reason
     assert outcome.summary["failed"] >= 1, outcome.summary
@@ -211,7 +211,11 @@ def test_stop_waits_for_gpu_memory_and_writes_the_report(tmp_path: Path, caplog:
     caplog.set_level(logging.WARNING, logger="tuner.engines.process")
     state = {"stopped": False}
 
+    reads = {"after_stop": 0}
+
     def probe() -> list[int]:  # memory stays held after the server is gone
+        if state["stopped"]:
+            reads["after_stop"] += 1
         return [50000] if state["stopped"] else [1000]
 
     spec = LaunchSpec(argv=["sleep", "300"], env={}, host="127.0.0.1", port=free_port(), workdir=tmp_path,
@@ -219,10 +223,11 @@ def test_stop_waits_for_gpu_memory_and_writes_the_report(tmp_path: Path, caplog:
     server = ServerProcess(spec, gpu_probe=probe)
     server.start()
     state["stopped"] = True
-    started = time.monotonic()
     server.stop()
-    assert time.monotonic() - started < 10
     assert server.gpu_release is not None and server.gpu_release.status == "not_freed"
+    # The wait ended at its 1.5 s cap: one read per 1 s poll, at most 3 (a slow machine reads fewer).
+    assert 1 <= reads["after_stop"] <= 3, reads
+    assert server.gpu_release.waited_s >= 1.5
     report = json.loads((tmp_path / GPU_RELEASE_FILE).read_text())
     assert report["baseline_mib"] == [1000] and report["last_mib"] == [50000]
     assert "not freed" in report["message"] and "Fix:" in report["message"]

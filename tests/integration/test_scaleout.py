@@ -176,6 +176,27 @@ def _wait_for(predicate: object, timeout_s: float, what: str, procs: list[subpro
     pytest.fail(f"timed out waiting for {what}")
 
 
+def _holds_flock(path: Path, pid: int) -> bool:
+    """``pid`` holds a flock on ``path`` (read from /proc/locks: taking the lock to test it could make the holder
+    fail its own non-blocking attempt)."""
+    if not path.exists():
+        return False
+    inode = str(path.stat().st_ino)
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields:  # a waiter, not a holder
+            continue
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4] == str(pid) and fields[5].endswith(f":{inode}"):
+            return True
+    return False
+
+
+def _server_starting(pid_file: Path) -> bool:
+    """The server beside ``pid_file`` has begun its start-up: vLLM has written its first log records."""
+    log = pid_file.parent / "server.log"
+    return log.is_file() and " INFO " in log.read_text(errors="replace")
+
+
 @pytest.fixture
 def procs() -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
@@ -211,7 +232,8 @@ def test_two_workers_share_a_study_and_a_dead_workers_trial_is_finished_by_the_o
     first_pid = runs / name / "trials" / "0000" / PID_FILE
     _wait_for(first_pid.exists, 180, "worker a's first server", [worker_a])
     worker_b = popen([*common, "--worker-id", "b"])  # joins from the database; waits for the launch lock
-    time.sleep(4)
+    _wait_for(lambda: _holds_flock(runs / name / ".lock.b", worker_b.pid), 180,
+              "worker b to join the study (its slot lock, .lock.b)", [worker_a, worker_b])
     server = json.loads(first_pid.read_text())
     assert server["tuner_pid"] == worker_a.pid
     worker_a.kill()  # SIGKILL mid-trial: no chance to tell, no chance to stop its server
@@ -270,7 +292,7 @@ def test_ray_backend_reserves_a_node_per_trial_and_retries_a_lost_trial(
     _wait_for(lambda: first_server() is not None, 240, "the first Ray trial's server", [driver])
     pid_file = first_server()
     assert pid_file is not None
-    time.sleep(3)
+    _wait_for(lambda: _server_starting(pid_file), 240, "the first Ray trial's server to begin its start-up", [driver])
     server = json.loads(pid_file.read_text())
     assert server["tuner_pid"] != driver.pid, "the trial ran in the driver, not in a Ray worker"
     os.kill(int(server["tuner_pid"]), signal.SIGKILL)  # the Ray worker holding the trial dies mid-trial

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -152,9 +151,7 @@ def test_second_call_is_cached(built: Path, monkeypatch: pytest.MonkeyPatch) -> 
         raise AssertionError("rebuilt a cached model")
 
     monkeypatch.setattr(demo_model, "_build_into", no_rebuild)
-    started = time.monotonic()
-    assert build_demo_model(built) == built
-    assert time.monotonic() - started < 0.5
+    assert build_demo_model(built) == built  # no rebuild (how long the cached call takes: bench_stop_times.py)
     assert (built / MARKER_NAME).stat().st_mtime_ns == mtime_ns
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import tuner.engines.process as process_mod
 from tuner.engines.process import (
     PID_FILE,
     LaunchSpec,
@@ -112,7 +113,7 @@ def test_ready_then_whole_group_stopped_and_port_freed(tmp_path: Path, stub: Pat
         record = json.loads((spec.workdir / PID_FILE).read_text())
         assert record["pgid"] == pgid and record["port"] == port and record["program"] == sys.executable
         took_s = server.wait_ready()
-        assert 0 <= took_s < 20
+        assert took_s >= 0
         assert server.healthy()
         info = json.loads(info_path.read_text())
         assert info["pid"] == pgid
@@ -149,19 +150,18 @@ def test_sigterm_ignoring_group_is_sigkilled_after_grace(started: list[int]) -> 
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"armed"
     t0 = time.monotonic()
     kill_group(proc.pid, grace_s=1)
-    elapsed = time.monotonic() - t0
-    assert elapsed >= 1.0
-    assert elapsed < 6.0
+    assert time.monotonic() - t0 >= 1.0  # the grace was given (how long the kill takes: benchmarks/bench_stop_times.py)
     assert proc.wait(timeout=5) == -signal.SIGKILL
     assert not group_alive(proc.pid)
 
 
-def test_kill_group_of_dead_group_returns(started: list[int]) -> None:
+def test_kill_group_of_dead_group_returns_without_waiting(started: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     proc = _spawn_group("pass")
     proc.wait(timeout=10)
-    t0 = time.monotonic()
+    waits: list[float] = []
+    monkeypatch.setattr(process_mod.time, "sleep", waits.append)
     kill_group(proc.pid, grace_s=5)
-    assert time.monotonic() - t0 < 1.0
+    assert waits == []  # nothing to signal: no grace waited, no SIGKILL sent
 
 
 def test_immediate_bad_flag_exit_is_launch_error(tmp_path: Path, started: list[int]) -> None:
@@ -194,7 +194,7 @@ def test_never_ready_is_timeout_and_group_killed(tmp_path: Path, started: list[i
             server.wait_ready()
         assert group_alive(pgid)  # still running until the context exits
     assert info.value.failure_class == "timeout"
-    assert 1.5 <= time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 >= 1.5  # the ready timeout was given in full
     assert not group_alive(pgid)
 
 

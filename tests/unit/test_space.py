@@ -149,23 +149,22 @@ def test_when_condition_switches_lever_off(tmp_path: Path) -> None:
     assert "prefix-caching-hash-algo" not in off.params
 
 
-def test_when_condition_on_a_later_lever_is_rejected_or_honoured(tmp_path: Path) -> None:
-    # Levers are drawn in declaration order, so a `when` naming a lever declared later can never hold;
-    # the profile must be refused at load, or the lever honoured.
+def test_when_condition_on_a_later_lever_is_honoured(tmp_path: Path) -> None:
+    # A `when` may name a lever declared after it: the profile loads, and the conditional lever follows
+    # the later lever's value both ways (drawn when the condition holds, absent when it does not).
     text = HEAD + """\
 levers:
   hash-algo: {choices: [sha256, xxhash], when: {enable-prefix-caching: [true]}}
   enable-prefix-caching: {choices: [true, false]}
 """
-    try:
-        profile = _profile(tmp_path, text)
-    except CatalogError:
-        return
-    cfg = suggest(profile, FixedParams({"enable-prefix-caching": True}))
-    assert cfg.args.get("hash-algo") == "sha256"
+    profile = _profile(tmp_path, text)
+    on = suggest(profile, FixedParams({"enable-prefix-caching": True}))
+    assert on.args.get("hash-algo") == "sha256" and on.params["hash-algo"] == "sha256"
+    off = suggest(profile, FixedParams({"enable-prefix-caching": False}))
+    assert "hash-algo" not in off.args and "hash-algo" not in off.params
 
 
-def test_when_condition_on_draft_tokens_is_rejected_or_honoured(tmp_path: Path) -> None:
+def test_when_condition_on_draft_tokens_is_honoured(tmp_path: Path) -> None:
     text = HEAD + """\
 levers:
   spec-extra: {choices: [a, b], when: {speculative.draft_tokens: [2]}}
@@ -173,12 +172,11 @@ speculative:
   method: ngram
   draft_tokens: {choices: [0, 2]}
 """
-    try:
-        profile = _profile(tmp_path, text)
-    except CatalogError:
-        return
-    cfg = suggest(profile, FixedParams({DRAFT_TOKENS_PARAM: 2}))
-    assert cfg.args.get("spec-extra") == "a"
+    profile = _profile(tmp_path, text)
+    drafting = suggest(profile, FixedParams({DRAFT_TOKENS_PARAM: 2}))
+    assert drafting.args.get("spec-extra") == "a" and drafting.params["spec-extra"] == "a"
+    plain = suggest(profile, FixedParams({DRAFT_TOKENS_PARAM: 0}))
+    assert "spec-extra" not in plain.args and "spec-extra" not in plain.params
 
 
 def test_dotted_lever_names_nest_into_json_options(tmp_path: Path) -> None:
