@@ -17,10 +17,13 @@ class FailureClass(str, Enum):
     BAD_FLAG = "bad_flag"            # vLLM rejected an option or a value at parse/config time
     OOM = "oom"                      # device or host memory, KV cache does not fit
     TIMEOUT = "timeout"              # not ready within ready_timeout_s
-    CRASH = "crash"                  # exited during startup for another reason (incl. killed by a signal)
+    HANG = "hang"                    # the start-up log made no progress for startup_stall_s (watchdog)
+    CRASH = "crash"                  # exited (at start-up, or under load) for another reason (incl. a signal)
+    NCCL = "nccl"                    # a collective failed or timed out (NCCL error, watchdog timeout)
+    ASSERTION = "assertion"          # an assertion in the engine or a kernel (AssertionError, device-side assert)
     DISK_FULL = "disk_full"          # the server could not write (caches, logs): no space left on device
-    DIED_DURING_LOAD = "died_during_load"  # server process ended while the load ran
-    UNHEALTHY = "unhealthy"          # /health stopped answering 200 while the load ran
+    DIED_DURING_LOAD = "died_during_load"  # server process ended while serving; its log names no cause
+    UNHEALTHY = "unhealthy"          # /health stopped answering 200 while serving; its log names no cause
     PORT_IN_USE = "port_in_use"
     INFEASIBLE = "infeasible"        # pruned before launch by the feasibility model
     GUARD_FAILED = "guard_failed"    # a correctness gate failed
@@ -29,6 +32,17 @@ class FailureClass(str, Enum):
     INTERRUPTED = "interrupted"      # the tuner was stopped during this trial
     INVALID_WINDOW = "invalid_window"  # the server's counters contradict the workload (a random workload hit
     #                                    the prefix cache): the measurement is refused (tuner/load/freshness.py)
+
+
+START_FAILURES = frozenset({FailureClass.BAD_FLAG, FailureClass.OOM, FailureClass.TIMEOUT, FailureClass.HANG,
+                            FailureClass.CRASH, FailureClass.NCCL, FailureClass.ASSERTION})
+"""Classes of a launch that never became ready because of its flags: a configuration with the same base
+flags (a speculative twin of it) would fail the same way, so it is not launched. Not here: a port
+someone held, a full disk, an interrupt (the node's or the tuner's fault, not the flags')."""
+
+SERVING_CRASHES = frozenset({FailureClass.OOM, FailureClass.NCCL, FailureClass.ASSERTION, FailureClass.CRASH,
+                             FailureClass.DISK_FULL, FailureClass.DIED_DURING_LOAD, FailureClass.UNHEALTHY})
+"""Classes of a server that was ready and then died or stopped answering (during the gates or the load)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@
                                    (older studies call it ``profile.yaml``; still read)
     runs/<study>/objective.yaml    the objective as it was when the study began
     runs/<study>/trials/<n>/       config.json, command.json, server.log, load.json,
-                                   server_metrics.json, outcome.json
+                                   server_metrics.json, outcome.json (launched trials only)
+    runs/<study>/pruned.jsonl      one line per proposal refused before launch (it has no folder)
     runs/<study>/best/             the exported winner
 """
 
@@ -78,6 +79,25 @@ def write_json(path: Path, data: Any) -> None:
 def write_text(path: Path, text: str, *, mode: int | None = None) -> None:
     """Write text atomically; ``mode`` sets the permission bits (``serve.sh`` is 0o755)."""
     _atomic_write(path, lambda fh: fh.write(text), mode=mode)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line to a log of records (``pruned.jsonl``), as one ``O_APPEND`` write, then fsync.
+
+    Writers on one node (workers sharing a runs dir) never interleave inside a line; a reader sees whole
+    lines plus at most a torn last one. A full disk raises :class:`DiskFullError`.
+    """
+    data = (line.rstrip("\n") + "\n").encode()
+    with _disk_full_is_an_error(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, data)
+            if written != len(data):  # a short write: finish it (only a full disk makes one)
+                os.write(fd, data[written:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def read_json(path: Path) -> Any:

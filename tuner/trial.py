@@ -8,6 +8,12 @@ Only an interrupt of the tuner itself propagates (after the server has been stop
 The server is whatever engine the context names (:class:`~tuner.engines.Engine`, vLLM by default):
 the trial asks it for the argv, the readiness and metrics paths, what its log says, and what its
 ``/metrics`` page means; it starts the server only through the process helper.
+
+A server that was ready and then exits or stops answering (during the gates or the load) is a crash
+whatever the SLOs or the gates say: its class comes from the engine's reading of what it logged after
+it became ready (``Engine.diagnose_crash``: ``oom``, ``nccl``, ``assertion``, ...), else
+``died_during_load`` / ``unhealthy``. ``ready_s`` tells the two apart in the record: None for a start
+that never became ready, a number for a server that died serving.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import httpx
 from tuner import store
 from tuner.engines import Engine, LaunchSpec, ServerProcess, choose_port, default_engine, tail
 from tuner.errors import LaunchError, PortInUseError
-from tuner.failures import FailureClass
+from tuner.failures import Diagnosis, FailureClass, describe_returncode
 from tuner.guards.api import GuardSuite, GuardTarget, NoGuards
 from tuner.load.affinity import CpuSplit, pinned
 from tuner.load.goodput import request_goodput
@@ -52,6 +58,9 @@ class TrialContext:
     host: str = "127.0.0.1"
     port: int | None = None
     ready_timeout_s: float = 600.0
+    startup_stall_s: float | None = None
+    """The start-up watchdog (real seconds): no progress in the server's log for this long ends the launch
+    as ``hang``. None: off (the ready timeout alone)."""
     vocab_size: int = 32000
     served_model_name: str = "model"
     engine: Engine = field(default_factory=default_engine)
@@ -117,6 +126,49 @@ class _HealthWatch(Poller):
         # A server that died makes every request fail fast, so the load can end between two polls.
         if self.tripped is None and self.server.exited() is not None:
             self.tripped = FailureClass.DIED_DURING_LOAD
+
+    def settle(self) -> FailureClass | None:
+        """After the load (or the gates): is the server still serving? The verdict, as the poll would give it.
+
+        A dying server fails every request at once, so the load can end before the poll saw 3 misses: a
+        miss here is polled again, up to 3 in a row, before it counts.
+        """
+        misses = 0
+        while self.tripped is None:
+            if self.server.exited() is not None:
+                self.tripped = FailureClass.DIED_DURING_LOAD
+            elif self.server.healthy(timeout_s=max(1.0, self.poll_s)):
+                break
+            else:
+                misses += 1
+                if misses >= 3:
+                    self.tripped = FailureClass.UNHEALTHY
+                else:
+                    time.sleep(self.poll_s)
+        return self.tripped
+
+
+def _log_since(path: Path, offset: int, max_bytes: int) -> str:
+    """What the server logged from byte ``offset`` on (its last ``max_bytes``): the log of a serving server."""
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(offset, size - max_bytes))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _crash(ctx: TrialContext, server: ServerProcess, ready_offset: int, seen: FailureClass) -> Diagnosis:
+    """Why a server that was ready died (``seen``: what the health watch saw): the engine's reading of its log."""
+    code = server.exited()
+    diag = ctx.engine.diagnose_crash(_log_since(server.log_path, ready_offset, ctx.engine.startup_log_bytes), code)
+    if diag is not None:
+        return diag
+    what = f"it exited ({describe_returncode(code)})" if code is not None else "it stopped answering its health check"
+    return Diagnosis(seen, f"server {seen.value.replace('_', ' ')}: {what} while serving; its log since it became "
+                           "ready names no cause")
+
 
 
 def _scrape(server: ServerProcess, path: str) -> dict[Any, float]:
@@ -194,7 +246,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                                              "port": port, "host": ctx.host,
                                              "cpus": split.to_json() if split else None})
     spec = LaunchSpec(argv=argv, env=env, host=ctx.host, port=port, workdir=tdir,
-                      ready_timeout_s=ctx.ready_timeout_s, api_key=api_key,
+                      ready_timeout_s=ctx.ready_timeout_s, startup_stall_s=ctx.startup_stall_s, api_key=api_key,
                       model_name=ctx.served_model_name, cpus=split.server if split else None, engine=ctx.engine)
     server = ServerProcess(spec)
     try:
@@ -207,7 +259,9 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                                 failure_class=exc.failure_class, reason=str(exc),
                                 log_tail=exc.log_tail or tail(server.log_path))
-            kv_tokens = ctx.engine.kv_tokens_from_log(server.log_path.read_text(errors="replace"))
+            startup_log = server.log_path.read_bytes()
+            ready_offset = len(startup_log)  # what the server logs from here on is its serving log
+            kv_tokens = ctx.engine.kv_tokens_from_log(startup_log.decode(errors="replace"))
             log.info("server ready in %.1f s (KV cache: %s tokens per rank)", ready_s, kv_tokens)
             phase("guards")
             guard_report = ctx.guards.run(GuardTarget(
@@ -217,6 +271,13 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 control_key=config.control().key() if config.is_speculative else None, kv_cache_tokens=kv_tokens))
             store.write_json(tdir / "guards.json", guard_report.to_json())
             if not guard_report.passed:
+                died = _HealthWatch(server, ctx.health_poll_s).settle()  # a gate that failed on a dead server
+                if died is not None:
+                    diag = _crash(ctx, server, ready_offset, died)
+                    return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
+                                    failure_class=diag.failure_class.value,
+                                    reason=f"server died during the gates: {diag.reason}", ready_s=ready_s,
+                                    kv_cache_tokens=kv_tokens, log_tail=tail(server.log_path))
                 return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                                 failure_class=FailureClass.GUARD_FAILED.value, reason=guard_report.reason,
                                 ready_s=ready_s, kv_cache_tokens=kv_tokens)
@@ -238,6 +299,8 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                     runs.append(run)
                     if run.stopped:
                         break
+            if not (should_stop and should_stop()):
+                watch.settle()  # the load can end before the poll sees a server that died under it
             summaries = [_with_goodput(ctx.objective, run) for run in runs]
             scores = [score(ctx.objective, s) for s in summaries]
             middle = _median_index([sc.value for sc in scores])
@@ -249,6 +312,9 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                                                                                         strict=True)]}
             store.write_json(tdir / "load.json", load_record)
             store.write_json(tdir / "server_metrics.json", server_metrics)
+            if watch.tripped is not None:
+                crash = _crash(ctx, server, ready_offset, watch.tripped)
+                crash_tail = tail(server.log_path)
     except PortInUseError as exc:
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=FailureClass.PORT_IN_USE.value, reason=str(exc))
@@ -256,13 +322,13 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=FailureClass.CRASH.value, reason=f"could not start the server: {exc}")
     if watch.tripped is not None:
-        reason = (f"server {watch.tripped.value.replace('_', ' ')}; "
-                  f"{summary.get('completed', 0)} requests completed, {summary.get('failed', 0)} failed; "
-                  f"log tail: {tail(server.log_path, 400).strip()[-300:]}")
+        # A crash, whatever the SLOs say of the requests it failed: classified from the serving log.
+        reason = (f"server crashed under load ({crash.failure_class.value}): {crash.reason}; "
+                  f"{summary.get('completed', 0)} requests completed, {summary.get('failed', 0)} failed")
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
-                        failure_class=watch.tripped.value, reason=reason, summary=summary,
+                        failure_class=crash.failure_class.value, reason=reason, summary=summary,
                         server_metrics=server_metrics, ready_s=ready_s, kv_cache_tokens=kv_tokens,
-                        log_tail=tail(server.log_path))
+                        log_tail=crash_tail)
     if any(run.stopped for run in runs):
         return _outcome(ctx, config, tdir, started, score_=failed_score(ctx.objective), ok=False,
                         failure_class=FailureClass.INTERRUPTED.value, reason="tuner stopped during the load",

@@ -158,9 +158,9 @@ def test_a_fit_reproduces_the_observed_capacity() -> None:
 
     profile, ckpt, config = _gh200("blog-dp4-ep")
     default = check(profile, config, ckpt, BLOG)
-    observed = default.kv_tokens_per_rank // 2  # the node holds half what the blog's constant predicts
+    observed = default.kv_tokens_per_rank * 2 // 3  # the node holds 2/3 of what the blog's constant predicts
     fitted = fit_kv_bytes_per_token(profile, ckpt, [(config.args, observed)])
-    assert fitted is not None and fitted.trials == 1 and fitted.spread == 0
+    assert fitted is not None and fitted.trials == 1 and fitted.spread == 0 and fitted.trusted
     again = check(profile, config, ckpt, BLOG, fitted)
     assert abs(again.kv_tokens_per_rank - observed) <= 1
     assert fitted.describe() in again.notes
@@ -176,14 +176,51 @@ def test_prelaunch_learns_from_a_launch_and_prunes_by_the_fit() -> None:
 
     profile, ckpt, config = _gh200("blog-dp4-ep")
     objective = load_objective("throughput")
-    long_ctx = ServeConfig(args={**config.args, "max-model-len": 1_000_000})
+    long_ctx = ServeConfig(args={**config.args, "max-model-len": 1_200_000})
     checks = PreLaunch(profile, ckpt, objective, "off")
     ctx: Any = None  # prevalidation is off, so the context is not read
     assert checks.check(long_ctx, ctx) is None  # 1.41 M tokens per rank by default
-    checks.observe(config.args, 500_000)  # what vLLM logged on this node
+    checks.observe(config.args, 1_000_000)  # what vLLM logged on this node: 1.41x the prior's bytes/token
     refusal = checks.check(long_ctx, ctx)
-    assert refusal is not None and refusal.failure_class == "infeasible"
+    assert refusal is not None and refusal.failure_class == "infeasible" and refusal.rule == "kv_capacity"
     assert "fitted to 1 launched trial" in refusal.reason and "less than max-model-len" in refusal.reason
     assert refusal.evidence["kv_bytes_per_token_fp8"] == checks.calibration.base  # type: ignore[union-attr]
     checks.observe(config.args, None)  # a trial that never got ready teaches nothing
     assert checks.calibration is not None and checks.calibration.trials == 1
+
+
+def test_a_refit_far_from_the_prior_prunes_only_once_launches_agree() -> None:
+    """Finding 5 of issue 14: one launch that logged a tenth of the KV the model expects must not make every
+    point infeasible. Beyond REFIT_FACTOR of the prior, the fit prunes only once REFIT_AGREEING launches agree;
+    until then pruning uses the prior (a doubtful fit may widen what fits, never narrow it)."""
+    from tuner.objective import load_objective
+    from tuner.search.feasibility import REFIT_AGREEING, REFIT_FACTOR
+    from tuner.search.prelaunch import PreLaunch
+
+    profile, ckpt, config = _gh200("blog-dp4-ep")
+    long_ctx = ServeConfig(args={**config.args, "max-model-len": 1_000_000})
+    checks = PreLaunch(profile, ckpt, load_objective("throughput"), "off")
+    ctx: Any = None
+    assert REFIT_FACTOR == 2.0 and REFIT_AGREEING == 2
+    checks.observe(config.args, 141_000, trial=0)  # 10x fewer tokens than the prior predicts
+    fit = checks.calibration
+    assert fit is not None and fit.ratio > 9 and not fit.trusted and fit.pruning_base == fit.prior
+    assert checks.check(long_ctx, ctx) is None  # still judged by the prior
+    assert "prunes only once 2 launches agree" in fit.describe()
+    # a second launch of another configuration that disagrees (3x off the first) does not make it trusted
+    other = ServeConfig(args={**config.args, "gpu-memory-utilization": 0.92})
+    disagreeing = check(profile, other, ckpt, BLOG).kv_tokens_per_rank // 3
+    checks.observe(other.args, disagreeing, trial=1)
+    assert checks.calibration is not None and not checks.calibration.trusted
+    assert checks.check(long_ctx, ctx) is None
+    # a third launch agreeing with the first: two agree, so the fit prunes, and says what it rests on
+    checks.observe(config.args, 141_500, trial=2)
+    assert checks.calibration is not None and checks.calibration.trusted and checks.calibration.agreeing == 2
+    refusal = checks.check(long_ctx, ctx)
+    assert refusal is not None and refusal.rule == "kv_capacity" and "2 agreeing" in refusal.reason
+    assert refusal.evidence["kv_fit_trusted"] is True
+    # a fit that says the node holds MORE than the prior widens at once (it cannot prune more)
+    wide = PreLaunch(profile, ckpt, load_objective("throughput"), "off")
+    wide.observe(config.args, 14_100_000, trial=0)
+    assert wide.calibration is not None and not wide.calibration.trusted
+    assert wide.calibration.pruning_base == wide.calibration.base < wide.calibration.prior

@@ -118,12 +118,20 @@ Traceback (most recent call last):
 OSError: [Errno 98] Address already in use
 """
 
-UNKNOWN_CRASH = """\
+NCCL_ABORT = """\
 INFO 11-29 10:03:00 [core.py:100] Initializing a V1 LLM engine
 Traceback (most recent call last):
   File "/vllm/v1/engine/core.py", line 12, in run
     self.model_executor.initialize()
 RuntimeError: NCCL communicator was aborted on rank 3.
+"""
+
+UNKNOWN_CRASH = """\
+INFO 11-29 10:03:00 [core.py:100] Initializing a V1 LLM engine
+Traceback (most recent call last):
+  File "/vllm/v1/engine/core.py", line 12, in run
+    self.model_executor.initialize()
+RuntimeError: Engine core initialization failed. See root cause above.
 """
 
 
@@ -135,6 +143,7 @@ CLASSIFIED = {
     # The line is a ValueError (a BAD_FLAG pattern) but memory wins.
     "cpu memory utilization is oom, not bad_flag": (CPU_MEMORY, 1, FailureClass.OOM, ("less than desired",)),
     "address in use is port_in_use": (PORT_TAKEN, 1, FailureClass.PORT_IN_USE, ("Errno 98",)),
+    "an aborted NCCL communicator is nccl": (NCCL_ABORT, 134, FailureClass.NCCL, ("NCCL communicator was aborted",)),
 }
 
 
@@ -148,7 +157,8 @@ def test_a_log_tail_is_classified_with_its_evidence(case: str) -> None:
 
 
 @pytest.mark.parametrize(("log_tail", "returncode", "reason"), [
-    (UNKNOWN_CRASH, 134, "exit code 134; last log line: RuntimeError: NCCL communicator was aborted on rank 3."),
+    (UNKNOWN_CRASH, 134, "exit code 134; last log line: RuntimeError: Engine core initialization failed. See root "
+                         "cause above."),
     ("\n  \n", None, "no exit code; last log line: (empty log)"),
 ], ids=["unknown traceback, with its exit code", "empty log without an exit code"])
 def test_an_unknown_end_is_a_crash_with_its_exit_and_last_line(log_tail: str, returncode: int | None,
@@ -180,4 +190,4 @@ RuntimeError: NCCL communicator was aborted on rank 3.
 
 def test_benign_not_supported_warning_does_not_make_a_crash_bad_flag() -> None:
     diag = classify_startup_failure(CRASH_AFTER_BENIGN_WARNING, 1)
-    assert diag.failure_class is FailureClass.CRASH
+    assert diag.failure_class is FailureClass.NCCL  # the aborted communicator, not the WARNING's "not supported"

@@ -49,10 +49,10 @@ from tuner import store
 from tuner.backends.node import REFERENCE_ATTR, NodeIdentity, check_node, node_identity
 from tuner.backends.storage import shared_sampler
 from tuner.backends.worker import OnMismatch
-from tuner.errors import UsageError
+from tuner.errors import SearchStalledError, UsageError
 from tuner.objective import failed_score
 from tuner.search.space import build_config
-from tuner.study import MAX_DUPLICATES_IN_A_ROW, Proposal, Study, StudyLock, StudyRecord, TrialStep
+from tuner.study import Proposal, Study, StudyLock, StudyRecord, TrialStep
 from tuner.study.ranking import launched_keys, launched_numbers
 from tuner.study.study import storage_for_record
 from tuner.trial import TrialOutcome, run_trial
@@ -66,6 +66,9 @@ __all__ = ["RayOptions", "TrialJob", "cluster_nodes", "is_loopback", "make_searc
 log = logging.getLogger(__name__)
 
 LOG_CAP_BYTES = 1_000_000
+MAX_WAITING_PER_SUGGEST = 50
+"""Proposals one ``suggest`` may set aside (held for a running control, or running on another node) before
+it answers "nothing now": Tune asks again when a node frees. These are neither launches nor refusals."""
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
@@ -184,8 +187,10 @@ def is_loopback(address: str | None) -> bool:
         return False
 
 
-def make_searcher(study: Study, step: TrialStep, budget: int | None) -> tuple[Searcher, Callable[[], None]]:
-    """Tune's searcher over ``step``, and what to call once Tune stops (to close the twins it still holds)."""
+def make_searcher(study: Study, step: TrialStep,
+                  budget: int | None) -> tuple[Searcher, Callable[[], SearchStalledError | None]]:
+    """Tune's searcher over ``step``, and what to call once Tune stops: it closes the twins the searcher
+    still holds, and returns why the search stopped when the step's stop rule ended it (else None)."""
     from ray.tune.search import Searcher
 
     ostudy = step.ostudy
@@ -202,17 +207,30 @@ def make_searcher(study: Study, step: TrialStep, budget: int | None) -> tuple[Se
             self.ready: list[Proposal] = []
             """Speculative proposals whose control has ended: shipped before anything new."""
             self.shipped = 0
+            self.stalled: SearchStalledError | None = None
+            """The step's stop rule ended the search (space exhausted, or every proposal refused)."""
 
         def suggest(self, trial_id: str) -> dict[Any, Any] | None:
+            finished: Any = Searcher.FINISHED  # a string Tune takes for "no more trials"
+            if self.stalled is not None:
+                return None if self.held or self.ready else finished  # type: ignore[no-any-return]
+            try:
+                return self._suggest(trial_id)
+            except SearchStalledError as exc:  # the step's stop rule, as on the other drivers
+                log.warning("search stopped (%s): %s", exc.kind, exc)
+                self.stalled = exc
+                return None if self.held or self.ready else finished  # type: ignore[no-any-return]
+
+        def _suggest(self, trial_id: str) -> dict[Any, Any] | None:
             while self.ready:  # a twin whose control ended; the pair may pass --trials by one
                 twin = self.ready.pop(0)
                 step.learn_kv()
                 if step.refuse(twin) is None:
                     return self._ship(trial_id, twin)
             if budget is not None and self.shipped >= budget:
-                finished: Any = Searcher.FINISHED  # a string Tune takes for "no more trials"
+                finished: Any = Searcher.FINISHED
                 return None if self.held else finished  # type: ignore[no-any-return]
-            for _ in range(MAX_DUPLICATES_IN_A_ROW):
+            for _ in range(MAX_WAITING_PER_SUGGEST):  # duplicates and refusals count in the step's stop rule
                 proposal = step.propose()
                 launched = launched_keys(ostudy)
                 if step.screen(proposal, launched) is not None:
@@ -228,14 +246,17 @@ def make_searcher(study: Study, step: TrialStep, budget: int | None) -> tuple[Se
                         self.held.setdefault(holder, []).append(proposal)
                         continue
                     control = step.control_for(proposal, launched)
-                    if control is not None and step.refuse(control) is None:
+                    try:
+                        control_refused = control is None or step.refuse(control) is not None
+                    except SearchStalledError:
+                        step.skip(proposal, "the search stopped on its control's refusal, before it launched")
+                        raise
+                    if control is not None and not control_refused:
                         self.held[trial_id] = [proposal]  # shipped once the control's result is in
                         return self._ship(trial_id, control)
                 if step.refuse(proposal) is None:  # the pre-launch checks, before a node is spent on it
                     return self._ship(trial_id, proposal)
-            log.warning("the sampler keeps proposing launched configurations; space exhausted")
-            exhausted: Any = Searcher.FINISHED
-            return exhausted  # type: ignore[no-any-return]
+            return None  # proposals waiting on busy nodes only: ask again later
 
         def _busy_keys(self) -> set[str]:
             """Configurations on a node now, or held for one."""
@@ -264,13 +285,17 @@ def make_searcher(study: Study, step: TrialStep, budget: int | None) -> tuple[Se
                 self.ready.extend(self.held.pop(trial_id, []))
                 study.write_trials_table(ostudy)
 
-        def abandon_held(self) -> None:
-            """Twins never shipped (Tune stopped first): interrupted, so ``resume`` queues them again."""
+        def abandon_held(self) -> SearchStalledError | None:
+            """Twins never shipped (Tune stopped first): interrupted, so ``resume`` queues them again.
+
+            Returns the step's stop, if that is what ended the search.
+            """
             for twin in [*self.ready, *(p for held in self.held.values() for p in held)]:
                 log.warning("trial %d: its control ran but Tune stopped before it; resume runs it", twin.number)
                 step.interrupted(twin)
             self.ready.clear()
             self.held.clear()
+            return self.stalled
 
         def _complete(self, ot_trial: optuna.Trial, result: dict[str, Any] | None, error: bool) -> None:
             if error or not result or "value" not in result:
@@ -391,10 +416,13 @@ def run_study(study: Study, options: RayOptions) -> optuna.Study:
             run_config=tune.RunConfig(name=f"{study.record.name}-ray", storage_path=str((study.path / "ray").resolve()),
                                       failure_config=tune.FailureConfig(max_failures=options.max_retries),
                                       verbose=0))
+        stalled: SearchStalledError | None = None
         try:
             tuner.fit()
         finally:
-            abandon_held()
+            stalled = abandon_held()
         final = optuna.load_study(study_name=study.record.name, storage=storage)
         study.write_trials_table(final)
+        if stalled is not None and stalled.kind == "refused":
+            raise stalled
         return final

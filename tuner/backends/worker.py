@@ -39,8 +39,8 @@ import optuna
 from tuner import store
 from tuner.backends.node import NodeIdentity, check_node, node_identity
 from tuner.backends.storage import heartbeat, make_storage, mask_url, resolve_storage_url, shared_sampler, study_exists
-from tuner.errors import NodeMismatchError, StudyError
-from tuner.study import MAX_DUPLICATES_IN_A_ROW, Progress, Proposal, Study, StudyLock, StudyRecord, TrialStep
+from tuner.errors import NodeMismatchError, SearchStalledError, StudyError
+from tuner.study import Progress, Proposal, Study, StudyLock, StudyRecord, TrialStep
 from tuner.study.progress import phase_reporter
 from tuner.study.ranking import launched_keys, launched_numbers, running_keys, time_for_another
 
@@ -193,7 +193,7 @@ class Worker:
         budget_s = self.options.budget_s if self.options.budget_s is not None else record.budget_s
         deadline = time.time() + budget_s if budget_s else None
         progress = Progress(study=record.name, target=record.trials, deadline=deadline)
-        duplicates = 0
+        stalled: SearchStalledError | None = None
         while True:
             with launch_lock(self.options.launch_lock):
                 stopped = study.stop_orphans()
@@ -211,27 +211,34 @@ class Worker:
                     progress.last = "budget left is shorter than one trial; stopping"
                     break
                 trial = ostudy.ask()
-                with heartbeat(trial, self.options.heartbeat_interval_s):
-                    self._stamp(trial)
-                    proposal = step.propose(trial)
-                    launched = launched_keys(ostudy)
-                    running = running_keys(ostudy, exclude_number=trial.number)
-                    screened = step.screen(proposal, launched, running)
-                    if screened is not None:
-                        duplicates += 1
-                        if screened == "duplicate" and duplicates >= MAX_DUPLICATES_IN_A_ROW:
-                            progress.last = "the sampler keeps proposing launched configurations; space exhausted"
-                            break
-                        continue
-                    duplicates = 0
-                    step.learn_kv()  # the other workers' launches too
-                    self._control_first(step, proposal, launched, running, progress, on_progress)
-                    self._launch(step, proposal, progress, on_progress)
+                try:
+                    with heartbeat(trial, self.options.heartbeat_interval_s):
+                        self._round(step, trial, progress, on_progress)
+                except SearchStalledError as exc:  # the step's stop rule, as in the local loop
+                    stalled = exc
+                    progress.last = str(exc)
+                    log.warning("worker %s: search stopped (%s): %s", self.options.worker_id, exc.kind, exc)
+                    break
             study.write_trials_table(ostudy)
         progress.phase = "done"
         on_progress(progress)
         study.write_trials_table(ostudy)
+        if stalled is not None and stalled.kind == "refused":
+            raise stalled
         return ostudy
+
+    def _round(self, step: TrialStep, trial: optuna.Trial, progress: Progress,
+               on_progress: Callable[[Progress], None]) -> None:
+        """One asked trial: screened (duplicate, or running elsewhere), its control first, then launched."""
+        self._stamp(trial)
+        proposal = step.propose(trial)
+        launched = launched_keys(step.ostudy)
+        running = running_keys(step.ostudy, exclude_number=trial.number)
+        if step.screen(proposal, launched, running) is not None:
+            return
+        step.learn_kv()  # the other workers' launches too
+        self._control_first(step, proposal, launched, running, progress, on_progress)
+        self._launch(step, proposal, progress, on_progress)
 
     def _stamp(self, trial: optuna.Trial) -> None:
         identity = self.identity()
@@ -274,6 +281,9 @@ class Worker:
             with heartbeat(control.trial, self.options.heartbeat_interval_s):
                 self._stamp(control.trial)
                 self._launch(step, control, progress, on_progress)
+        except SearchStalledError:
+            step.skip(proposal, "the search stopped on its control's refusal, before it launched")
+            raise
         except BaseException:
             step.interrupted(proposal)
             step.ostudy.enqueue_trial(dict(proposal.trial.params), user_attrs={"retry_of": proposal.number})

@@ -22,7 +22,14 @@ from tuner import catalog
 from tuner.cli import scaleout
 from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, record_from_args
 from tuner.engines import default_engine
-from tuner.errors import CatalogError, TunerError, UnconfirmedWinnerError, UnknownNameError, UsageError
+from tuner.errors import (
+    CatalogError,
+    SearchStalledError,
+    TunerError,
+    UnconfirmedWinnerError,
+    UnknownNameError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from tuner.study import Progress, Study
@@ -157,14 +164,20 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
 
     install_signal_handlers()
     console.print(f"study [bold]{study.record.name}[/] in {study.path}")
+    stalled: SearchStalledError | None = None
     try:
         optuna_study = study.run(on_progress=_progress_printer(time.time()))
     except KeyboardInterrupt:
         console.print(f"[yellow]stopped.[/] finished trials are kept; continue with "
                       f"`dsv4-tune resume {study.record.name}`")
         return 130
+    except SearchStalledError as exc:  # it spun on refusals: the morning's files first, then the error
+        stalled = exc
+        optuna_study = study.optuna_study()
     report = write_report(study, optuna_study)
     console.print(f"report: {report}")
+    if stalled is not None:
+        err_console.print(f"[red]error:[/] {stalled}", markup=True, highlight=False)
     winner = study.winner(optuna_study)
     if winner is None:
         console.print("[red]no trial passed its gates and met its SLOs[/]; see "
@@ -179,7 +192,7 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
     if not args.no_export:
         out = export_best(study, accept_unconfirmed=args.accept_unconfirmed)
         console.print(f"exported: {out}/profile.yaml and {out}/serve.sh")
-    return 0
+    return 1 if stalled is not None else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:

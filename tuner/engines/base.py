@@ -16,8 +16,9 @@ What an engine answers:
   during the load (``health_path``), and the ``models_path``, ``metrics_path`` and ``version_path``;
 - metrics: the metric-name map (``metrics``: what its ``/metrics`` page says about one window);
 - log diagnosis: the failure class of a start that ended (``diagnose_startup``), where a start that
-  never became ready got to (``describe_stall``), and the KV capacity it allocated
-  (``kv_tokens_from_log``);
+  never became ready got to (``describe_stall``), whether a start-up log line is progress
+  (``is_startup_progress``: the start-up watchdog's clock), why a server that was serving died
+  (``diagnose_crash``), and the KV capacity it allocated (``kv_tokens_from_log``);
 - argument validation: whether its own parser is at hand (``can_validate``), and what it finds
   wrong with a launch's options (``validate``), before any launch.
 """
@@ -107,6 +108,13 @@ class Engine(Protocol):
 
     def describe_stall(self, log_tail: str) -> str:
         """Where a server that never became ready got to ("" when the log does not say)."""
+
+    def is_startup_progress(self, line: str) -> bool:
+        """Whether one start-up log line shows the start moving on (a hung worker's heartbeat does not)."""
+
+    def diagnose_crash(self, log_text: str, returncode: int | None) -> Diagnosis | None:
+        """Why a server that was serving died or stopped answering, from what it logged after it was
+        ready (``returncode``: None while the process lives); None when the log names no cause."""
 
     def kv_tokens_from_log(self, text: str) -> int | None:
         """The KV-cache capacity per rank the server's start-up log states, if it does."""

@@ -5,9 +5,14 @@ group) so SIGTERM, then SIGKILL, reaches every child; its pid/pgid is written be
 a later run can find and stop it if this tuner is killed outright.
 
 What "ready" means and why a start failed are the engine's (:class:`~tuner.engines.Engine`:
-``ready_paths``, ``health_path``, ``diagnose_startup``, ``describe_stall``), passed in the
-:class:`LaunchSpec`. Without an engine, readiness is the OpenAI-compatible ``/health`` and
-``/v1/models``, and a failed start is a crash with its exit code.
+``ready_paths``, ``health_path``, ``diagnose_startup``, ``describe_stall``, ``is_startup_progress``),
+passed in the :class:`LaunchSpec`. Without an engine, readiness is the OpenAI-compatible ``/health``
+and ``/v1/models``, a failed start is a crash with its exit code, and every log line is progress.
+
+The start-up watchdog (:class:`StartupWatch`): a start whose log shows no progress for
+``LaunchSpec.startup_stall_s`` ends as ``hang``, with its last progress line, long before the ready
+timeout. Progress is a new log line the engine counts as such: vLLM's "No available shared memory
+broadcast block found in 60 seconds", which a hung worker repeats, is not.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,7 +36,7 @@ import httpx
 
 from tuner.engines.base import Engine
 from tuner.errors import LaunchError, PortInUseError
-from tuner.failures import Diagnosis, FailureClass, generic_startup_failure
+from tuner.failures import Diagnosis, FailureClass, clip, generic_startup_failure
 from tuner.load.affinity import pinned
 
 log = logging.getLogger(__name__)
@@ -268,6 +274,8 @@ class LaunchSpec:
     """Cores the server and everything it spawns may use (``None``: this process's own)."""
     engine: Engine | None = None
     """Whose readiness paths and log diagnosis apply (``None``: an OpenAI-compatible server, generic diagnosis)."""
+    startup_stall_s: float | None = None
+    """The start-up watchdog: no progress in the log for this long ends the launch as ``hang`` (None: off)."""
 
     @property
     def ready_paths(self) -> tuple[str, ...]:
@@ -285,6 +293,53 @@ class LaunchSpec:
 
     def describe_stall(self, log_tail: str) -> str:
         return self.engine.describe_stall(log_tail) if self.engine is not None else ""
+
+    def is_progress(self, line: str) -> bool:
+        """Whether a start-up log line is progress (the engine's rule; without one, any non-blank line)."""
+        return self.engine.is_startup_progress(line) if self.engine is not None else bool(line.strip())
+
+
+class StartupWatch:
+    """The start-up watchdog: reads the log as it grows, and knows when progress last came and what it said.
+
+    Only whole lines (ended by a newline or a carriage return, as progress bars end theirs) are read, so
+    a line caught half-written is judged once it is complete. The clock starts at the launch: a server
+    that never prints a line stalls too.
+    """
+
+    def __init__(self, log_path: Path, *, stall_s: float | None, is_progress: Callable[[str], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.log_path = log_path
+        self.stall_s = stall_s
+        self.is_progress = is_progress
+        self.clock = clock
+        self.last_progress_at = clock()
+        self.last_progress = ""
+        """The last line that counted as progress, as written (empty until one did)."""
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> None:
+        """Read what the log gained since the last poll; a progress line restarts the clock."""
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except OSError:
+            return
+        self._offset += len(chunk)
+        *complete, self._partial = re.split(rb"[\r\n]", self._partial + chunk)
+        for raw in complete:
+            line = raw.decode(errors="replace")
+            if self.is_progress(line):
+                self.last_progress = line.strip()
+                self.last_progress_at = self.clock()
+
+    def silent_s(self) -> float:
+        return self.clock() - self.last_progress_at
+
+    def stalled(self) -> bool:
+        return self.stall_s is not None and self.silent_s() > self.stall_s
 
 
 class ServerProcess:
@@ -336,6 +391,7 @@ class ServerProcess:
         """Block until every readiness path (``/health``, ``/v1/models`` for vLLM) answers 200; return seconds taken."""
         started = time.monotonic()
         deadline = started + self.spec.ready_timeout_s
+        watch = StartupWatch(self.log_path, stall_s=self.spec.startup_stall_s, is_progress=self.spec.is_progress)
         with httpx.Client(timeout=httpx.Timeout(5.0), headers=self.headers) as client:
             while True:
                 code = self.exited()
@@ -347,6 +403,9 @@ class ServerProcess:
                                       log_path=self.log_path, log_tail=log_tail)
                 if self._answers(client):
                     return time.monotonic() - started
+                watch.poll()
+                if watch.stalled() and self.exited() is None:
+                    raise self._hang(watch, time.monotonic() - started)
                 if time.monotonic() > deadline:
                     log_tail = tail(self.log_path)
                     stall = self.spec.describe_stall(log_tail)
@@ -358,6 +417,15 @@ class ServerProcess:
                     raise LaunchError("stopped while waiting for the server",
                                       failure_class=FailureClass.INTERRUPTED.value, log_path=self.log_path)
                 time.sleep(1.0)
+
+    def _hang(self, watch: StartupWatch, waited_s: float) -> LaunchError:
+        """The watchdog's verdict: no start-up progress for ``startup_stall_s``; the reason names the last."""
+        said = self.spec.describe_stall(watch.last_progress) or clip(watch.last_progress, 300)
+        last = f"last progress {watch.silent_s():.0f} s earlier: {said}" if said else "no progress line at all"
+        return LaunchError(
+            f"server hung during startup: no progress in its log for {self.spec.startup_stall_s:.0f} s "
+            f"(the start-up watchdog; {waited_s:.0f} s after launch); {last}",
+            failure_class=FailureClass.HANG.value, log_path=self.log_path, log_tail=tail(self.log_path))
 
     def _answers(self, client: httpx.Client) -> bool:
         try:

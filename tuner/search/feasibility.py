@@ -32,7 +32,12 @@ allocated (``GPU KV cache size: N tokens``; the engine reads it: ``Engine.kv_tok
 :func:`fit_kv_bytes_per_token` turns those figures into the bytes per token that make this model
 predict them, and a study uses the fit instead of the blog's constant from then on
 (:class:`KvCalibration`), so a wrong constant costs one launch, not a night of wrongly pruned
-configurations.
+configurations. A fit more than :data:`REFIT_FACTOR` away from the prior is trusted to prune only
+once :data:`REFIT_AGREEING` launches agree on it; until then it may only widen what fits.
+
+Learning from failures: a launch that ran out of memory although the model said it fits teaches a
+:class:`MemoryLesson` (:func:`lesson_from_oom`): the configurations that need at least as much memory
+with at most as much room (at start-up) or at most as much headroom (under load) are refused too.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tuner.objective import Workload
 from tuner.search.checkpoints import Checkpoint
@@ -89,6 +94,15 @@ DEFAULT_MAX_NUM_SEQS = 1024
 DEFAULT_BATCHED_TOKENS = 8192
 DEFAULT_CAPTURE_LIMIT = 512
 
+REFIT_FACTOR = 2.0
+"""A refit of the KV bytes per token within this factor of the prior prunes at once: the prior's own
+uncertainty spans it (the dtype factor the model assumes for a BF16 cache is 2; the blog's knee may not
+be the exact KV knee). Further off, the model's structure is in doubt, not its constant."""
+REFIT_AGREEING = 2
+"""Launches whose own fits agree that a refit further off than :data:`REFIT_FACTOR` needs before it prunes."""
+REFIT_AGREEMENT = 0.2
+"""Two launches agree when each one's fit is within this fraction of the median fit."""
+
 
 @dataclass(frozen=True)
 class RankMemory:
@@ -128,6 +142,8 @@ class Feasibility:
     max_concurrency: int
     """Sequences of the workload's ISL+OSL that fit at once over all DP ranks (also capped by max-num-seqs)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    rules: tuple[str, ...] = field(default_factory=tuple)
+    """The short names of the rules broken, in the order of ``reason`` (``memory``, ``kv_capacity``, ...)."""
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -196,17 +212,52 @@ def kv_bytes_per_token(args: Mapping[str, Any], checkpoint: Checkpoint, base: fl
     return chosen * _kv_scale(args, checkpoint)
 
 
+def prior_kv_bytes_per_token(checkpoint: Checkpoint) -> float:
+    """The FP8 bytes per token before any launch: the checkpoint's own figure, else the blog's fit."""
+    return float(checkpoint.kv_bytes_per_token or KV_BYTES_PER_TOKEN_FP8)
+
+
 @dataclass(frozen=True)
 class KvCalibration:
-    """The FP8 bytes per token fitted to launched trials, and how many it rests on."""
+    """The FP8 bytes per token fitted to launched trials, how many it rests on, and whether it may prune.
+
+    Within :data:`REFIT_FACTOR` of the prior the fit is used as it is. Further off it is *trusted* only
+    once :data:`REFIT_AGREEING` launches agree on it (their own fits within :data:`REFIT_AGREEMENT` of
+    the median); until then pruning uses the smaller of the fit and the prior (:attr:`pruning_base`):
+    a doubtful fit may widen what fits, never narrow it.
+    """
 
     base: float
     trials: int
     spread: float
     """(max − min) / median of the per-trial fits: large means the other memory terms are off."""
+    prior: float = KV_BYTES_PER_TOKEN_FP8
+    agreeing: int = 1
+    """Launches whose own fit is within :data:`REFIT_AGREEMENT` of the median (``base``)."""
+
+    @property
+    def ratio(self) -> float:
+        """The fit over the prior (> 1: the node holds fewer tokens than the prior says)."""
+        return self.base / self.prior
+
+    @property
+    def trusted(self) -> bool:
+        far = max(self.ratio, 1 / self.ratio) > REFIT_FACTOR
+        return not far or self.agreeing >= REFIT_AGREEING
+
+    @property
+    def pruning_base(self) -> float:
+        """The bytes per token pruning uses: the fit when trusted, else the more permissive of fit and prior."""
+        return self.base if self.trusted else min(self.base, self.prior)
 
     def describe(self) -> str:
-        return f"KV bytes/token {self.base:,.0f} fitted to {self.trials} launched trial(s)"
+        text = f"KV bytes/token {self.base:,.0f} fitted to {self.trials} launched trial(s)"
+        if max(self.ratio, 1 / self.ratio) > REFIT_FACTOR:
+            text += f", {self.ratio:.2f}× the prior {self.prior:,.0f}, {self.agreeing} agreeing"
+            if not self.trusted:
+                text += (f"; more than {REFIT_FACTOR:g}× off, it prunes only once {REFIT_AGREEING} launches "
+                         f"agree: pruning uses {self.pruning_base:,.0f} until then")
+        return text
 
 
 def fit_kv_bytes_per_token(profile: HardwareProfile, checkpoint: Checkpoint,
@@ -224,45 +275,49 @@ def fit_kv_bytes_per_token(profile: HardwareProfile, checkpoint: Checkpoint,
     if not fits:
         return None
     middle = statistics.median(fits)
-    return KvCalibration(base=middle, trials=len(fits), spread=(max(fits) - min(fits)) / middle)
+    agreeing = sum(1 for f in fits if abs(f - middle) <= REFIT_AGREEMENT * middle)
+    return KvCalibration(base=middle, trials=len(fits), spread=(max(fits) - min(fits)) / middle,
+                         prior=prior_kv_bytes_per_token(checkpoint), agreeing=agreeing)
 
 
 def _rule_violations(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint,
-                     workload: Workload) -> list[str]:
+                     workload: Workload) -> list[tuple[str, str]]:
+    """The rules a configuration breaks, as ``(rule, reason)``."""
     args = config.args
     shape = topology_of(args)
     gpus = profile.hardware.device_count
-    out: list[str] = []
+    out: list[tuple[str, str]] = []
     if profile.hardware.accelerator != "cpu" and shape.world != gpus:
-        out.append(f"topology {shape.name} uses {shape.world} GPUs, the node has {gpus}")
+        out.append(("topology", f"topology {shape.name} uses {shape.world} GPUs, the node has {gpus}"))
     method, draft_tokens = _draft(args)
     if method is not None and draft_tokens > 0:
         if method in MODEL_FREE_METHODS:
             pass
         elif checkpoint.draft_method is None:
-            out.append(f"checkpoint {checkpoint.name} carries no draft module; {method} cannot run")
+            out.append(("draft", f"checkpoint {checkpoint.name} carries no draft module; {method} cannot run"))
         elif method != checkpoint.draft_method:
-            out.append(f"checkpoint {checkpoint.name} carries {checkpoint.draft_method}, not {method} "
-                       "(dossier: 0731 uses DSpark, the preview MTP)")
+            out.append(("draft", f"checkpoint {checkpoint.name} carries {checkpoint.draft_method}, not {method} "
+                                 "(dossier: 0731 uses DSpark, the preview MTP)"))
         cap = MAX_DRAFT_TOKENS.get((method, profile.hardware.generation))
         if cap is not None and draft_tokens > cap:
-            out.append(f"{method} on {profile.hardware.generation} runs at most {cap} draft token(s), "
-                       f"asked {draft_tokens}")
+            out.append(("draft_tokens", f"{method} on {profile.hardware.generation} runs at most {cap} draft "
+                                        f"token(s), asked {draft_tokens}"))
     for (option, value) in VALUES_NEEDING_EP:
         if str(args.get(option)) == value and not shape.ep:
-            out.append(f"{option} {value} needs expert parallelism; topology {shape.name} has none")
+            out.append(("needs_ep", f"{option} {value} needs expert parallelism; topology {shape.name} has none"))
     max_len = args.get("max-model-len")
     need = _workload_tokens(workload)
     if max_len is not None and need > int(max_len):
-        out.append(f"workload needs {need} tokens per request, max-model-len is {max_len}")
+        out.append(("max_model_len", f"workload needs {need} tokens per request, max-model-len is {max_len}"))
     batched = args.get("max-num-batched-tokens")
     if args.get("enable-chunked-prefill") is False and batched is not None and max_len is not None \
             and int(batched) < int(max_len):
-        out.append(f"chunked prefill off needs max-num-batched-tokens ({batched}) >= max-model-len ({max_len})")
+        out.append(("chunked_prefill", f"chunked prefill off needs max-num-batched-tokens ({batched}) >= "
+                                       f"max-model-len ({max_len})"))
     seqs = args.get("max-num-seqs")
     if batched is not None and seqs is not None and int(batched) < int(seqs):
-        out.append(f"max-num-batched-tokens ({batched}) < max-num-seqs ({seqs}): vLLM refuses "
-                   "(config/scheduler.py)")
+        out.append(("batched_tokens", f"max-num-batched-tokens ({batched}) < max-num-seqs ({seqs}): vLLM refuses "
+                                      "(config/scheduler.py)"))
     compilation = args.get("compilation-config")
     if isinstance(compilation, Mapping) and draft_tokens > 0:
         query_len = 1 + draft_tokens
@@ -270,7 +325,8 @@ def _rule_violations(profile: HardwareProfile, config: ServeConfig, checkpoint: 
         top = compilation.get("max_cudagraph_capture_size")
         odd = [s for s in [*sizes, *([top] if top is not None else [])] if int(s) % query_len]
         if odd:
-            out.append(f"capture sizes {odd} are not multiples of 1+k={query_len}; vLLM would round them silently")
+            out.append(("capture_sizes", f"capture sizes {odd} are not multiples of 1+k={query_len}; vLLM would "
+                                         "round them silently"))
     return out
 
 
@@ -278,13 +334,14 @@ def check(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint,
           calibration: KvCalibration | None = None) -> Feasibility:
     """The memory and rule verdict on one configuration (pure; no GPU, no vLLM).
 
-    ``calibration`` (fitted to this node's launched trials) replaces the default bytes per token.
+    ``calibration`` (fitted to this node's launched trials) replaces the default bytes per token, as far
+    as it is trusted to prune (:attr:`KvCalibration.pruning_base`).
     """
     args = config.args
     shape = topology_of(args)
     memory = rank_memory(profile, args, checkpoint)
     reasons = _rule_violations(profile, config, checkpoint, workload)
-    per_token = kv_bytes_per_token(args, checkpoint, calibration.base if calibration else None)
+    per_token = kv_bytes_per_token(args, checkpoint, calibration.pruning_base if calibration else None)
     kv_tokens = max(0, int(memory.kv_bytes / per_token))
     block = int(args.get("block-size", 16))
     _, draft_tokens = _draft(args)
@@ -292,22 +349,98 @@ def check(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint,
     seqs = int(args.get("max-num-seqs", DEFAULT_MAX_NUM_SEQS))
     per_rank_concurrency = min(seqs, kv_tokens // per_seq)
     if memory.kv_bytes <= 0:
-        reasons.insert(0, (
+        reasons.insert(0, ("memory",
             f"does not fit: weights {memory.weights_bytes / GIB:.1f} GiB + activations and graphs "
             f"{(memory.activation_bytes + memory.cudagraph_bytes) / GIB:.1f} GiB per rank exceed the "
             f"{memory.usable_bytes / GIB:.1f} GiB usable ({shape.name})"))
     else:
         max_len = args.get("max-model-len")
         if max_len is not None and kv_tokens < int(max_len):
-            reasons.append(f"KV cache holds {kv_tokens} tokens per rank, less than max-model-len {max_len} "
-                           "(vLLM refuses to start)")
+            reasons.append(("kv_capacity", f"KV cache holds {kv_tokens} tokens per rank, less than max-model-len "
+                                           f"{max_len} (vLLM refuses to start)"))
         elif per_rank_concurrency < 1:
-            reasons.append(f"KV cache holds {kv_tokens} tokens per rank, not one {per_seq}-token request")
+            reasons.append(("kv_capacity", f"KV cache holds {kv_tokens} tokens per rank, not one {per_seq}-token "
+                                           "request"))
     notes: list[str] = [calibration.describe()] if calibration else []
     if shape.tp > 1:
         notes.append(f"KV replicated on the {shape.tp} TP ranks of each replica (1 latent KV head)")
     if args.get(CAPTURE_OPTION.split(".")[0]) and draft_tokens > 0:
         notes.append(f"CUDA-graph sizes in multiples of {1 + draft_tokens}")
-    return Feasibility(ok=not reasons, reason="; ".join(reasons), topology=shape, memory=memory,
+    return Feasibility(ok=not reasons, reason="; ".join(text for _, text in reasons), topology=shape, memory=memory,
                        kv_tokens_per_rank=kv_tokens, kv_tokens_total=kv_tokens * shape.dp,
-                       max_concurrency=max(0, per_rank_concurrency) * shape.dp, notes=tuple(notes))
+                       max_concurrency=max(0, per_rank_concurrency) * shape.dp, notes=tuple(notes),
+                       rules=tuple(rule for rule, _ in reasons))
+
+
+# -- learning from launches that ran out of memory ---------------------------------------------------------
+OomPhase = Literal["start", "load"]
+
+
+def _memory_shape(args: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a memory lesson holds fixed: the topology, the KV dtype, the draft method and the all2all backend
+    (DeepEP allocates its own buffers): levers that change what a GPU holds by more than a step of the others."""
+    shape = topology_of(args)
+    method, _ = _draft(args)
+    return (shape.tp, shape.dp, shape.ep, str(args.get("kv-cache-dtype", "auto")), method,
+            str(args.get("all2all-backend", "")))
+
+
+def _knobs(args: Mapping[str, Any]) -> tuple[float, int, int, int, int]:
+    """(utilization, batched tokens, max-num-seqs, draft tokens, max-model-len) with vLLM's defaults."""
+    _, draft_tokens = _draft(args)
+    return (float(args.get("gpu-memory-utilization", 0.9)),
+            int(args.get("max-num-batched-tokens", DEFAULT_BATCHED_TOKENS)),
+            int(args.get("max-num-seqs", DEFAULT_MAX_NUM_SEQS)), draft_tokens, int(args.get("max-model-len", 0)))
+
+
+@dataclass(frozen=True)
+class MemoryLesson:
+    """What one launch that ran out of memory teaches about its neighbourhood.
+
+    Every configuration of the same memory shape (:func:`_memory_shape`) that needs at least as much
+    (max-num-batched-tokens, max-num-seqs, draft tokens, and at start-up max-model-len, each ≥) with no
+    more room is refused: at start-up, a gpu-memory-utilization ≤ the one that failed (less room for the
+    same weights, activations and KV); under load, ≥ it (less headroom outside vLLM's pool for what it
+    does not profile: transient buffers, fragmentation, collectives).
+    """
+
+    trial: int | None
+    during: OomPhase
+    shape: tuple[Any, ...]
+    utilization: float
+    batched_tokens: int
+    max_num_seqs: int
+    draft_tokens: int
+    max_model_len: int
+    evidence: str
+
+    def covers(self, args: Mapping[str, Any]) -> bool:
+        if args.get("kv-cache-memory-bytes") is not None or _memory_shape(args) != self.shape:
+            return False
+        util, batched, seqs, draft, max_len = _knobs(args)
+        hungrier = batched >= self.batched_tokens and seqs >= self.max_num_seqs and draft >= self.draft_tokens
+        if self.during == "start":
+            return hungrier and max_len >= self.max_model_len and util <= self.utilization
+        return hungrier and util >= self.utilization
+
+    def describe(self) -> str:
+        who = f"trial {self.trial}" if self.trial is not None else "a launch"
+        when = "at start-up" if self.during == "start" else "under load"
+        room = "no more room" if self.during == "start" else "no more headroom"
+        return (f"{who} ran out of memory {when} at gpu-memory-utilization {self.utilization:g}, "
+                f"max-num-batched-tokens {self.batched_tokens}, max-num-seqs {self.max_num_seqs}; this "
+                f"configuration has the same topology and needs at least as much with {room}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trial": self.trial, "during": self.during, "gpu_memory_utilization": self.utilization,
+                "max_num_batched_tokens": self.batched_tokens, "max_num_seqs": self.max_num_seqs,
+                "draft_tokens": self.draft_tokens, "evidence": self.evidence}
+
+
+def lesson_from_oom(args: Mapping[str, Any], *, during: OomPhase, trial: int | None = None,
+                    evidence: str = "") -> MemoryLesson:
+    """The lesson of a launch of ``args`` that ran out of memory ``during`` start-up or the load."""
+    util, batched, seqs, draft, max_len = _knobs(args)
+    return MemoryLesson(trial=trial, during=during, shape=_memory_shape(args), utilization=util,
+                        batched_tokens=batched, max_num_seqs=seqs, draft_tokens=draft, max_model_len=max_len,
+                        evidence=evidence)

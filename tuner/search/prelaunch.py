@@ -1,13 +1,17 @@
 """Checks that run before a launch, so no launch is spent on a configuration that cannot work.
 
 1. The feasibility model (memory, KV capacity, rules), where the study serves a catalogued checkpoint;
-   its KV bytes per token is refitted to every launched trial's logged KV capacity (:meth:`observe`).
-2. The engine's own argument checks (``Engine.validate``; vLLM's parser and engine-args checks),
+   its KV bytes per token is refitted to every launched trial's logged KV capacity (:meth:`observe`),
+   as far as the fit is trusted (:class:`~tuner.search.feasibility.KvCalibration`).
+2. What launches that ran out of memory taught (:meth:`observe_failure`): a configuration as hungry
+   with no more room than one that did is refused (:class:`~tuner.search.feasibility.MemoryLesson`).
+3. The engine's own argument checks (``Engine.validate``; vLLM's parser and engine-args checks),
    where the engine can run them in this environment (``prevalidate``: ``auto`` = when it can,
    ``on`` = required, ``off`` = never; turn it off when ``--vllm-cmd`` runs another vLLM version,
    e.g. in a container).
 
-A refused configuration is recorded as a trial that violated its constraints, with the reason.
+A refused configuration is recorded as a trial that violated its constraints, with the reason and
+the rule (:attr:`Refusal.rule`) that refused it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from tuner.failures import FailureClass
 from tuner.objective import Objective
 from tuner.search import feasibility
 from tuner.search.checkpoints import Checkpoint
-from tuner.search.feasibility import KvCalibration, fit_kv_bytes_per_token
+from tuner.search.feasibility import (
+    KvCalibration,
+    MemoryLesson,
+    fit_kv_bytes_per_token,
+    lesson_from_oom,
+    prior_kv_bytes_per_token,
+)
 from tuner.search.profile import HardwareProfile
 from tuner.search.space import ServeConfig
 
@@ -37,6 +47,9 @@ class Refusal:
     failure_class: str
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    rule: str = ""
+    """Which check refused (``memory``, ``kv_capacity``, ``topology``, ``learned_oom``, ``engine_args``, ...):
+    what a study that stops on refusals counts them by."""
 
 
 class LaunchTarget(Protocol):
@@ -74,6 +87,8 @@ class PreLaunch:
         self.kv_observations: list[tuple[Mapping[str, Any], int]] = []
         self.calibration: KvCalibration | None = None
         self.observed_trials: set[int] = set()
+        self.lessons: list[MemoryLesson] = []
+        self.failed_trials: set[int] = set()
 
     def observe(self, args: Mapping[str, Any], kv_tokens_per_rank: int | None, trial: int | None = None) -> None:
         """Learn from a launched trial's KV capacity (its server log); refits the bytes per token.
@@ -89,6 +104,28 @@ class PreLaunch:
         if fitted is not None and fitted != self.calibration:
             log.info("feasibility: %s (spread %.0f%%)", fitted.describe(), 100 * fitted.spread)
         self.calibration = fitted
+
+    def observe_failure(self, args: Mapping[str, Any], failure_class: str | None, *, started: bool,
+                        trial: int | None = None, evidence: str = "") -> None:
+        """Learn from a launch that failed: an out-of-memory (at start-up, or once ``started``) becomes a lesson.
+
+        ``trial`` makes this idempotent, as :meth:`observe`. Other classes teach the sampler (their
+        constraints are violated) but not the memory model.
+        """
+        if failure_class != FailureClass.OOM.value or (trial is not None and trial in self.failed_trials):
+            return
+        if trial is not None:
+            self.failed_trials.add(trial)
+        lesson = lesson_from_oom(args, during="load" if started else "start", trial=trial, evidence=evidence[:300])
+        log.info("feasibility: learnt from an out-of-memory: %s", lesson.describe())
+        self.lessons.append(lesson)
+
+    def kv_basis(self) -> str:
+        """What the KV capacity of a verdict rests on, in words (with the fitted figure and the prior)."""
+        if self.calibration is not None:
+            return self.calibration.describe()
+        prior = prior_kv_bytes_per_token(self.checkpoint) if self.checkpoint is not None else None
+        return f"prior KV bytes/token {prior:,.0f}, not yet fitted" if prior else "no KV model"
 
     def _decide_validation(self, mode: str) -> bool:
         if mode == "off":
@@ -106,17 +143,26 @@ class PreLaunch:
         return available
 
     def check(self, config: ServeConfig, ctx: LaunchTarget) -> Refusal | None:
+        lesson = next((les for les in self.lessons if les.covers(config.args)), None)
+        if lesson is not None:
+            return Refusal(FailureClass.INFEASIBLE.value, f"pruned by what an out-of-memory taught: {lesson.describe()}"
+                           + (f" ({lesson.evidence})" if lesson.evidence else ""),
+                           {"lesson": lesson.to_json()}, rule="learned_oom")
         if self.checkpoint is not None:
             verdict = feasibility.check(self.profile, config, self.checkpoint, self.objective.workload,
                                         self.calibration)
             if not verdict.ok:
-                basis = self.calibration.describe() if self.calibration else "default KV bytes/token, not yet fitted"
+                calibration = self.calibration
                 return Refusal(FailureClass.INFEASIBLE.value,
-                               f"pruned by the feasibility model ({basis}): {verdict.reason}",
+                               f"pruned by the feasibility model ({self.kv_basis()}): {verdict.reason}",
                                {"kv_tokens_per_rank": verdict.kv_tokens_per_rank,
                                 "max_concurrency": verdict.max_concurrency,
                                 "memory_gib": verdict.memory.as_gib(),
-                                "kv_bytes_per_token_fp8": self.calibration.base if self.calibration else None})
+                                "kv_bytes_per_token_fp8": calibration.base if calibration else None,
+                                "kv_bytes_per_token_prior": prior_kv_bytes_per_token(self.checkpoint),
+                                "kv_bytes_per_token_pruning": calibration.pruning_base if calibration else None,
+                                "kv_fit_trusted": calibration.trusted if calibration else None},
+                               rule=verdict.rules[0] if verdict.rules else "feasibility")
         if self.validate:
             options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=ctx.port or 8000,
                                                served_model_name=ctx.served_model_name)
@@ -124,5 +170,5 @@ class PreLaunch:
             if problems:
                 return Refusal(FailureClass.BAD_FLAG.value,
                                f"rejected by {ctx.engine.title}'s own argument checks before launch: "
-                               + "; ".join(problems), {"problems": problems})
+                               + "; ".join(problems), {"problems": problems}, rule="engine_args")
         return None

@@ -162,6 +162,10 @@ class Server(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     checkpoint: str | None = None
     """Default checkpoint catalog name (``search_spaces/_checkpoints.yaml``) for ``--checkpoint``."""
+    startup_stall_s: float | None = Field(default=600.0, gt=0)
+    """The start-up watchdog: a launch whose log shows no progress for this long ends as ``hang`` (null:
+    off). Longer than the slowest silent step of a normal start: for DSV4 on a GPU node, the cold
+    torch.compile (docs/failure-classes.md says what the 600 s rests on)."""
     expected_launch_s: float = Field(default=900.0, gt=0)
     """Typical time from launch to /health 200 (a DSV4 load is 10–20 min); used to plan a budget."""
     expected_measure_s: float = Field(default=300.0, gt=0)

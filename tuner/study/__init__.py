@@ -4,6 +4,7 @@
     record.py     StudyRecord (``study.json``), StudyLock, new_record
     step.py       TrialStep: propose, screen duplicates, learn KV, control first, pre-launch, launch, record
     local.py      LocalLoop: the local driver (one node, one trial at a time), then confirmation
+    guided.py     GuidedSearch: ``--prior model`` (the performance model proposes, each launch corrects it)
     confirm.py    the confirmation phase and the winner
     ranking.py    reading the trials: launched, running, feasible, best; the trials table
     progress.py   Progress: what the CLI shows
@@ -27,11 +28,13 @@ from tuner.study.ranking import (
     write_trials_table,
 )
 from tuner.study.record import StudyLock, StudyRecord, new_record, resolve_model, vocab_size_of
-from tuner.study.step import MAX_DUPLICATES_IN_A_ROW, Proposal, TrialStep, learn_kv
+from tuner.study.step import MAX_DUPLICATES_IN_A_ROW, MAX_REFUSED_IN_A_ROW, PRUNED_LOG, Proposal, TrialStep, learn_kv
 from tuner.study.study import Study, storage_for_record
 
 __all__ = [
     "MAX_DUPLICATES_IN_A_ROW",
+    "MAX_REFUSED_IN_A_ROW",
+    "PRUNED_LOG",
     "ConfirmSpec",
     "Confirmation",
     "ConfirmationPhase",

@@ -3,7 +3,10 @@
 Each round takes the trial step (:mod:`tuner.study.step`): ask, launch a speculative proposal's
 control first, then screen (duplicate), pre-launch checks, launch, record. The loop stops at
 ``--trials`` launches, before a trial that could not finish inside ``--budget`` (keeping time for
-the confirmation phase), on a stop request, or when the sampler only proposes what was launched.
+the confirmation phase), on a stop request, or when the step says the search is stalled
+(:class:`~tuner.errors.SearchStalledError`): the space is exhausted, or every proposal is refused.
+Either way the confirmation phase and the trials table still run; a study stopped by refusals then
+raises that error, so the command fails with its reason after the morning's files are written.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Callable
 
 import optuna
 
+from tuner.errors import SearchStalledError
 from tuner.study.confirm import ConfirmationPhase
 from tuner.study.progress import Progress, phase_reporter
 from tuner.study.ranking import (
@@ -24,7 +28,7 @@ from tuner.study.ranking import (
     write_trials_table,
 )
 from tuner.study.record import StudyRecord
-from tuner.study.step import MAX_DUPLICATES_IN_A_ROW, Proposal, TrialStep
+from tuner.study.step import Proposal, TrialStep
 
 __all__ = ["LocalLoop"]
 
@@ -48,7 +52,7 @@ class LocalLoop:
         progress.launched = len(launched_numbers(ostudy))
         progress.controls = len(launched_controls(ostudy))
         self._update_best(progress)
-        duplicates = 0
+        stalled: SearchStalledError | None = None
         while True:
             if record.trials is not None and progress.launched >= record.trials:
                 progress.last = f"reached --trials {record.trials}"
@@ -61,20 +65,13 @@ class LocalLoop:
                 break
             if should_stop():
                 break
-            proposal = step.propose()
-            control = step.control_for(proposal, launched)
-            if control is not None:
-                # The control launches first, beside its speculative twin, so that the twin's gates can
-                # compare with it and the report can show the speculative gain.
-                try:
-                    self._attempt(control, launched, progress, on_progress, should_stop)
-                except BaseException:
-                    step.interrupted(proposal)
-                    raise
-            status = self._attempt(proposal, launched, progress, on_progress, should_stop)
-            duplicates = duplicates + 1 if status == "duplicate" else 0
-            if duplicates >= MAX_DUPLICATES_IN_A_ROW:
-                progress.last = "the sampler keeps proposing launched configurations; space exhausted"
+            try:
+                self._round(launched, progress, on_progress, should_stop)
+            except SearchStalledError as exc:
+                stalled = exc
+                progress.last = str(exc)
+                progress.events.append(f"search stopped ({exc.kind}): {exc}")
+                on_progress(progress)
                 break
         if not should_stop():
             self.confirmation.run(ostudy, step.ctx, step.run_trial, progress, on_progress, should_stop, deadline)
@@ -82,7 +79,28 @@ class LocalLoop:
         progress.stage = "done"
         on_progress(progress)
         write_trials_table(ostudy, step.path)
+        if stalled is not None and stalled.kind == "refused":
+            raise stalled
         return ostudy
+
+    def _round(self, launched: dict[str, int], progress: Progress, on_progress: Callable[[Progress], None],
+               should_stop: Callable[[], bool]) -> None:
+        """One proposal: its control first when it speculates, then the proposal itself."""
+        step = self.step
+        proposal = step.propose()
+        control = step.control_for(proposal, launched)
+        if control is not None:
+            # The control launches first, beside its speculative twin, so that the twin's gates can
+            # compare with it and the report can show the speculative gain.
+            try:
+                self._attempt(control, launched, progress, on_progress, should_stop)
+            except SearchStalledError:
+                step.skip(proposal, "the search stopped on its control's refusal, before it launched")
+                raise
+            except BaseException:
+                step.interrupted(proposal)
+                raise
+        self._attempt(proposal, launched, progress, on_progress, should_stop)
 
     def _attempt(self, proposal: Proposal, launched: dict[str, int], progress: Progress,
                  on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> str:

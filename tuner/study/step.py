@@ -6,7 +6,8 @@
     step.learn_kv()                                  refit the feasibility model to every launch so far
     control = step.control_for(proposal, launched)   a speculative proposal's no-speculation twin,
                                                      asked as a trial of its own, to launch first
-    step.refuse(proposal)                            the pre-launch checks; a refusal is told, with its reason
+    step.refuse(proposal)                            a base that failed to start before, then the pre-launch
+                                                     checks; a refusal is told, with its reason
     outcome = step.launch(proposal, ...)             run_trial (launch, gates, load), recorded and told
 
 A driver composes these in its own loop (where its trials come from, where they run, when it
@@ -18,13 +19,28 @@ A trial that could not launch, crashed, or missed an SLO is told to Optuna as CO
 constraint margins (> 0 = violated) so the constrained sampler learns from it; it is never left out
 as FAIL. FAIL is kept for trials the tuner itself abandoned (interrupted), which ``resume`` queues
 again, and for trials a worker skipped.
+
+A study never spins: the step counts the proposals told without a launch since the last launch
+(duplicates, refusals) and raises :class:`~tuner.errors.SearchStalledError` after
+:data:`MAX_DUPLICATES_IN_A_ROW` duplicates in a row (the space is exhausted) or
+:data:`MAX_REFUSED_IN_A_ROW` proposals in a row without a launch (every proposal is refused: the error
+names the commonest reason and what the feasibility model's KV figure rests on). Every driver takes
+this step, so every driver stops the same way.
+
+A proposal refused before launch launched nothing, so it gets no trial folder: its record is one
+line of ``pruned.jsonl`` in the study folder (configuration, reason, rule, evidence) and its Optuna
+trial (``pruned_log`` names the file).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +49,26 @@ from optuna.trial import TrialState
 
 from tuner import store
 from tuner.backends.storage import ask_fixed
-from tuner.failures import FailureClass
+from tuner.errors import SearchStalledError
+from tuner.failures import START_FAILURES, FailureClass
 from tuner.objective import Objective, constraint_names, failed_score
 from tuner.search.prelaunch import PreLaunch, Refusal
-from tuner.search.profile import HardwareProfile
+from tuner.search.profile import DRAFT_TOKENS_PARAM, HardwareProfile
 from tuner.search.space import ServeConfig, build_config, suggest
 from tuner.trial import TrialContext, TrialOutcome, run_trial
 
-__all__ = ["MAX_DUPLICATES_IN_A_ROW", "Proposal", "TrialStep", "learn_kv"]
+__all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_REFUSED_IN_A_ROW", "PRUNED_LOG", "Proposal", "TrialStep", "learn_kv"]
 
 log = logging.getLogger(__name__)
 
 MAX_DUPLICATES_IN_A_ROW = 50
 """After this many proposals in a row that were launched already, the space counts as exhausted."""
+MAX_REFUSED_IN_A_ROW = 200
+"""After this many proposals in a row told without a launch (refused before launch, or duplicates), the
+study stops: it spins. A sampled night's longest such run is far shorter (docs/feasibility.md, "A study
+never spins")."""
+PRUNED_LOG = "pruned.jsonl"
+"""One line per proposal refused before launch, in the study folder (pandas: ``read_json(lines=True)``)."""
 _BOOKKEEPING_ATTRS = frozenset({"trial_dir", "retry_of", "baseline", "control_for", "interrupted"})
 """Attributes about a trial's place in the study, not about its result: never copied to a duplicate."""
 _SUMMARY_ATTRS = ("p95_ttft_ms", "p95_itl_ms", "p95_tpot_ms", "output_throughput", "request_throughput",
@@ -70,23 +93,44 @@ class Proposal:
 
 
 def learn_kv(ostudy: optuna.Study, profile: HardwareProfile, checks: PreLaunch) -> None:
-    """Feed ``checks`` the logged KV capacity of every launched trial it has not seen yet.
+    """Feed ``checks`` what every launched trial it has not seen yet taught: its logged KV capacity and,
+    for one that ran out of memory (at start-up, or serving), a memory lesson.
 
     A worker calls this before each launch, so it also learns from the other workers' launches.
     """
     for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if "duplicate_of" in t.user_attrs or not t.user_attrs.get("launched", True):
+            continue
         tokens = t.user_attrs.get("kv_cache_tokens")
-        if (not isinstance(tokens, int) or "duplicate_of" in t.user_attrs
-                or t.number in checks.observed_trials):
+        oom = t.user_attrs.get("failure_class") == FailureClass.OOM.value
+        new_kv = isinstance(tokens, int) and t.number not in checks.observed_trials
+        new_oom = oom and t.number not in checks.failed_trials
+        if not (new_kv or new_oom):
             continue
         try:
             args = build_config(profile, t.params).args
         except (KeyError, ValueError) as exc:  # params of an older profile: learn from the others
-            log.warning("trial %d: its parameters no longer build a configuration (%s); its KV "
-                        "capacity is not used for the feasibility fit", t.number, exc)
+            log.warning("trial %d: its parameters no longer build a configuration (%s); it is not used by "
+                        "the feasibility model", t.number, exc)
             checks.observed_trials.add(t.number)
+            checks.failed_trials.add(t.number)
             continue
-        checks.observe(args, tokens, t.number)
+        if new_kv:
+            checks.observe(args, tokens if isinstance(tokens, int) else None, t.number)
+        if new_oom:
+            checks.observe_failure(args, FailureClass.OOM.value, started=t.user_attrs.get("ready_s") is not None,
+                                   trial=t.number, evidence=str(t.user_attrs.get("reason", "")))
+
+
+@dataclass
+class _Idle:
+    """Proposals told without a launch since the last launch: how many, of which kind, and an example of each."""
+
+    told: int = 0
+    duplicates_in_a_row: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Kind → (trial number, reason) of its latest proposal."""
 
 
 class TrialStep:
@@ -103,6 +147,9 @@ class TrialStep:
         self.ostudy = ostudy
         self.ctx = ctx
         self.prelaunch = prelaunch
+        self.idle = _Idle()
+        self.start_failures: dict[str, tuple[int, str, str]] = {}
+        """Base configuration key → (trial, failure class, reason) of a launch of it that never became ready."""
 
     # -- proposing -----------------------------------------------------------------------------------
     def propose(self, trial: optuna.Trial | None = None) -> Proposal:
@@ -127,6 +174,7 @@ class TrialStep:
         """
         if proposal.key in launched:
             self.tell_duplicate(proposal, launched[proposal.key])
+            self._not_launched(proposal, "duplicate", f"the configuration of trial {launched[proposal.key]}")
             return "duplicate"
         if running and proposal.key in running:
             self.skip(proposal, f"running on another worker as trial {running[proposal.key]}")
@@ -151,8 +199,33 @@ class TrialStep:
         self.ostudy.tell(proposal.trial, state=TrialState.FAIL)
 
     def learn_kv(self) -> None:
-        """Refit the feasibility model to every launch the study holds (other workers' and resumed ones too)."""
+        """Teach the pre-launch checks every launch the study holds (other workers' and resumed ones too):
+        the KV refit, memory lessons, and which base configurations failed to start."""
         learn_kv(self.ostudy, self.profile, self.prelaunch)
+        for t in self.ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True):
+                self._note_start_failure(t.number, t.params, t.user_attrs)
+
+    def _note_start_failure(self, number: int, params: Mapping[str, Any], attrs: Mapping[str, Any]) -> None:
+        """Remember a launch that never became ready because of its flags, by its base (speculation off)."""
+        failure = attrs.get("failure_class")
+        if attrs.get("ready_s") is not None or failure not in {c.value for c in START_FAILURES}:
+            return
+        try:
+            config = build_config(self.profile, params)
+        except (KeyError, ValueError):
+            return
+        for base in self.base_keys(config):
+            self.start_failures.setdefault(base, (number, str(failure), str(attrs.get("reason", ""))))
+
+    def base_keys(self, config: ServeConfig) -> set[str]:
+        """The keys of ``config``'s base: its control (its flags, speculation off) and what the same levers
+        give with no draft tokens (a CUDA-graph ceiling derived for 1+k differs between the two)."""
+        keys = {config.control().key()}
+        if DRAFT_TOKENS_PARAM in config.params:
+            with contextlib.suppress(KeyError, ValueError):
+                keys.add(build_config(self.profile, {**config.params, DRAFT_TOKENS_PARAM: 0}).key())
+        return keys
 
     def control_for(self, proposal: Proposal, launched: Mapping[str, int],
                     running: Mapping[str, int] | None = None) -> Proposal | None:
@@ -178,35 +251,102 @@ class TrialStep:
 
     # -- refusing before launch ------------------------------------------------------------------------
     def refuse(self, proposal: Proposal) -> Refusal | None:
-        """The pre-launch checks (feasibility model, the engine's own argument checks); a refusal is told."""
-        verdict = self.prelaunch.check(proposal.config, self.ctx)
+        """Refuse before launch, telling the refusal: a base configuration that failed to start before (the
+        twin of a control that hung is not launched), then the pre-launch checks (feasibility model, what
+        out-of-memory launches taught, the engine's own argument checks).
+
+        Raises :class:`~tuner.errors.SearchStalledError` once :data:`MAX_REFUSED_IN_A_ROW` proposals in
+        a row went without a launch (after telling this one).
+        """
+        verdict = self.base_failed(proposal.config) or self.prelaunch.check(proposal.config, self.ctx)
         if verdict is not None:
             self.tell_pruned(proposal, verdict)
+            self._not_launched(proposal, verdict.rule or verdict.failure_class, verdict.reason)
         return verdict
 
+    def base_failed(self, config: ServeConfig) -> Refusal | None:
+        """A refusal when ``config``'s base (its flags with speculation off) failed to start before.
+
+        The base's own failure (its class and reason) is the refusal's: the same flags fail the same way
+        with a draft model on top, and a hang costs the start-up watchdog's time again.
+        """
+        base = next((key for key in sorted(self.base_keys(config)) if key in self.start_failures), None)
+        if base is None:
+            return None
+        number, failure, reason = self.start_failures[base]
+        what = "its control (the same flags, speculation off)" if config.is_speculative else "the same flags"
+        return Refusal(failure, f"not launched: {what} failed to start as trial {number} ({failure}): {reason}",
+                       {"base_trial": number, "base_key": base}, rule="base_failed_to_start")
+
     def tell_pruned(self, proposal: Proposal, verdict: Refusal) -> None:
-        """Record a configuration refused before launch; the sampler learns it is infeasible."""
+        """Record a configuration refused before launch; the sampler learns it is infeasible.
+
+        It launched nothing, so it gets no folder: one line of :data:`PRUNED_LOG` holds its configuration,
+        reason, rule and evidence, and its Optuna trial the rest (``launched`` false).
+        """
         trial, config = proposal.trial, proposal.config
-        tdir = store.trial_dir(self.path, trial.number)
-        store.write_json(tdir / "config.json", config.to_json())
         score_ = failed_score(self.objective)
-        store.write_json(tdir / "outcome.json", {
-            "ok": False, "feasible": False, "launched": False, "failure_class": verdict.failure_class,
-            "reason": verdict.reason, "value": score_.value, "constraints": list(score_.constraints),
-            "evidence": verdict.evidence, "config_key": config.key(), "trial_dir": str(tdir)})
-        trial.set_user_attr("trial_dir", str(tdir.relative_to(self.path)))
+        line = {"number": trial.number, "time": round(time.time(), 3), "config": config.to_json(),
+                "failure_class": verdict.failure_class, "rule": verdict.rule, "reason": verdict.reason,
+                "evidence": verdict.evidence, "value": score_.value, "constraints": list(score_.constraints)}
+        store.append_line(self.path / PRUNED_LOG, json.dumps(line, sort_keys=True, default=str))
+        trial.set_user_attr("pruned_log", PRUNED_LOG)
         trial.set_user_attr("config_key", config.key())
         trial.set_user_attr("launched", False)
         self._set_constraints(trial, score_.constraints)
         trial.set_user_attr("ok", False)
         trial.set_user_attr("feasible", False)
         trial.set_user_attr("failure_class", verdict.failure_class)
+        trial.set_user_attr("refused_by", verdict.rule)
         trial.set_user_attr("reason", verdict.reason[:1000])
         self.ostudy.tell(trial, score_.value)
+
+    # -- the stop rule -------------------------------------------------------------------------------
+    def _not_launched(self, proposal: Proposal, kind: str, reason: str) -> None:
+        """Count a proposal told without a launch; raise once the study spins (see the module docstring)."""
+        idle = self.idle
+        idle.told += 1
+        idle.duplicates_in_a_row = idle.duplicates_in_a_row + 1 if kind == "duplicate" else 0
+        idle.kinds[kind] += 1
+        idle.examples[kind] = (proposal.number, reason)
+        counts = dict(idle.kinds.most_common())
+        if idle.duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+            raise SearchStalledError(
+                f"the search space is exhausted: the sampler proposed {idle.duplicates_in_a_row} configurations "
+                "in a row that were told before (launched or refused). Fix: nothing, if the trials so far cover "
+                "the space; else widen the hardware profile's levers", kind="exhausted", counts=counts)
+        if idle.told >= MAX_REFUSED_IN_A_ROW:
+            raise SearchStalledError(self._stall_message(), kind="refused", counts=counts)
+
+    def _stall_message(self) -> str:
+        idle = self.idle
+        tally = ", ".join(f"{kind} ×{n}" for kind, n in idle.kinds.most_common())
+        refusals = [(kind, n) for kind, n in idle.kinds.most_common() if kind != "duplicate"]
+        lead = refusals[0][0] if refusals else "duplicate"
+        number, reason = idle.examples[lead]
+        text = (f"the study stopped: the last {idle.told} proposals were all told without a launch ({tally}), so "
+                f"it would spin. Commonest reason, as trial {number} was told: {reason}")
+        if self.prelaunch.checkpoint is not None:
+            text += f". The feasibility model's KV figure: {self.prelaunch.kv_basis()}"
+        fixes = {
+            "kv_capacity": "if the fitted KV bytes/token is wrong, look at the launched trials' logged KV capacity "
+                           "(trials.csv, kv_cache_tokens) and their server.log; if it is right, the node holds less "
+                           "KV than the space assumes: lower max-model-len or widen gpu-memory-utilization",
+            "memory": "the weights do not fit the topologies the space offers: offer more parallelism (TP/EP) or "
+                      "a smaller checkpoint",
+            "learned_oom": "the launches that ran out of memory cover the space: offer lower "
+                           "gpu-memory-utilization or max-num-batched-tokens values",
+            "base_failed_to_start": "the base configurations fail to start: see those trials' server.log",
+            "engine_args": "the engine refuses the space's flags: fix the lever values (`dsv4-tune plan`)",
+        }
+        fix = fixes.get(lead, "narrow the hardware profile's space to configurations that can launch "
+                              "(`dsv4-tune plan` shows what the model prunes)")
+        return f"{text}. Fix: {fix}; every refusal is in {self.path / PRUNED_LOG}"
 
     # -- launching -------------------------------------------------------------------------------------
     def begin(self, proposal: Proposal) -> Path:
         """Mark the proposal as launching (its folder, key, speculation); return its trial folder."""
+        self.idle = _Idle()  # a launch ends a run of proposals told without one
         tdir = store.trial_dir(self.path, proposal.number)
         proposal.trial.set_user_attr("trial_dir", str(tdir.relative_to(self.path)))
         proposal.trial.set_user_attr("config_key", proposal.key)
@@ -243,8 +383,17 @@ class TrialStep:
             self.ostudy.tell(trial, state=TrialState.FAIL)
             raise KeyboardInterrupt
         self.record(proposal.trial, outcome)
-        self.prelaunch.observe(proposal.config.args, outcome.kv_cache_tokens, proposal.number)
+        self.learn_from(proposal, outcome)
         return outcome
+
+    def learn_from(self, proposal: Proposal, outcome: TrialOutcome) -> None:
+        """What this launch teaches the pre-launch checks: its KV capacity, an out-of-memory, a failed start."""
+        self.prelaunch.observe(proposal.config.args, outcome.kv_cache_tokens, proposal.number)
+        self.prelaunch.observe_failure(proposal.config.args, outcome.failure_class, started=outcome.ready_s is not None,
+                                       trial=proposal.number, evidence=outcome.reason)
+        self._note_start_failure(proposal.number, proposal.config.params,
+                                 {"failure_class": outcome.failure_class, "ready_s": outcome.ready_s,
+                                  "reason": outcome.reason})
 
     def interrupted(self, proposal: Proposal) -> None:
         """A proposal abandoned before its launch (its control's launch was interrupted): FAIL, re-queued on resume."""

@@ -201,12 +201,22 @@ class Study:
         return TrialContext(
             vllm_cmd=self.engine.resolve_command(self.record.vllm_cmd), model=model, objective=self.objective,
             host=self.profile.server.host, port=self.record.port,
-            ready_timeout_s=self.record.ready_timeout_s or self.profile.server.ready_timeout_s,
+            ready_timeout_s=self.startup_limits_s()[0], startup_stall_s=self.startup_limits_s()[1],
             vocab_size=vocab_size_of(model), guards=self.guard_suite(), engine=self.engine,
             served_model_name=Path(model).name if Path(model).exists() else model,
             cpu_split=plan_cpu_split(self.profile.server.client_cpus,
                                      bind_omp=self.profile.hardware.accelerator == "cpu"),
             power=detect_power_reader())
+
+    def startup_limits_s(self) -> tuple[float, float | None]:
+        """The ready timeout and the start-up watchdog's stall time, in the seconds the launcher waits.
+
+        Both are node time (``--ready-timeout``, ``server.ready_timeout_s``, ``server.startup_stall_s``).
+        This is the one place they become real seconds: on a node, one to one; a study clock that runs
+        the node faster (the emulated node's start-up time scale) divides them here.
+        """
+        ready_s = self.record.ready_timeout_s or self.profile.server.ready_timeout_s
+        return ready_s, self.profile.server.startup_stall_s
 
     def prelaunch(self, ostudy: optuna.Study) -> PreLaunch:
         """The pre-launch checks, with the KV capacity of every trial launched so far already learnt."""

@@ -141,6 +141,12 @@ class VllmEngine:
     def describe_stall(self, log_tail: str) -> str:
         return logs.describe_stall(log_tail)
 
+    def is_startup_progress(self, line: str) -> bool:
+        return logs.is_progress(line)
+
+    def diagnose_crash(self, log_text: str, returncode: int | None) -> Diagnosis | None:
+        return logs.classify_crash(log_text, returncode)
+
     def kv_tokens_from_log(self, text: str) -> int | None:
         return logs.kv_tokens_from_log(text)
 
