@@ -1,0 +1,176 @@
+"""Failures that cost minutes, not hours, and teach the model (issue 14, findings 6 and 7), on the emulated node.
+
+The emulated DeepSeek-V4-Flash node on 4x GH200 (tuner/engines/emulated, docs/emulator.md) runs as a real
+server process, started by the real trial (``run_trial``: the process helper, the watchdog, the health
+watch, the load generator) with vLLM's argv: ``python -m tuner.engines.emulated serve MODEL --flags``. Its
+truth tables plant vLLM's failures:
+
+- a hang in CUDA-graph capture with ``cudagraph_mode`` FULL and DP > 1 (finding 6): the watchdog ends the
+  launch as ``hang`` with the capture bar as its last progress; a speculative twin of it is not launched;
+- an out-of-memory under load at gpu-memory-utilization >= 0.97 (finding 7): the trial is a crash,
+  ``oom``, whatever its SLOs say, and the feasibility model refuses the neighbourhood afterwards.
+
+Node time runs faster here. Start-up: DSV4_EMULATOR_STARTUP_TIME_SCALE virtual seconds per real second;
+the hardware profile's ready timeout and stall time are node seconds, and the study divides them by that
+scale in the one place a study clock converts them (``Study.startup_limits_s``), as the test does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tuner import catalog
+from tuner.objective import Objective
+from tuner.search.checkpoints import load_checkpoint
+from tuner.search.prelaunch import PreLaunch
+from tuner.search.profile import load_profile
+from tuner.search.space import ServeConfig, build_config
+from tuner.study import PRUNED_LOG, Study, new_record
+from tuner.study.confirm import ConfirmSpec
+from tuner.trial import TrialContext, run_trial
+
+MODEL = "deepseek-ai/DeepSeek-V4-Flash-0731"
+EMULATOR = [sys.executable, "-m", "tuner.engines.emulated"]
+STARTUP_SCALE = 60.0
+"""Start-up at 60x: the profile's 600 s stall is 10 real s, the weight load's quarter steps ~1 s, vLLM's
+broadcast heartbeat every 1 s."""
+UNSCALED_S = 45.0
+"""Real seconds no time scale shortens: the emulated server imports vLLM before its first line (8 s on an
+idle 2-core machine, over 20 s on a loaded one). A study clock adds them to the scaled limits; so do we."""
+NODE = {"DSV4_EMULATOR_HW": "gh200x4", "DSV4_EMULATOR_STARTUP_TIME_SCALE": str(STARTUP_SCALE),
+        "DSV4_EMULATOR_TIME_SCALE": "20", "DSV4_EMULATOR_MULTIPLICITY": "64"}
+
+
+OBJECTIVE = {
+    "name": "emulated-faults", "description": "a short load: enough batched tokens for the OOM rule to fire",
+    "direction": "maximize", "metric": "output_throughput", "slos": {"p95_ttft_ms": 120000, "p95_itl_ms": 1000},
+    "max_failed_fraction": 0.0, "guards": [],
+    "workload": {"kind": "random", "input_len": 128, "output_len": 64, "num_prompts": 16, "concurrency": 8,
+                 "warmup_prompts": 0, "seed": 0}}
+"""At multiplicity 64, 8 streams are 512 node requests: their prompts fill 8,192-token steps, past the 4,096
+batched tokens at which the truth's OOM rule fires."""
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key, value in NODE.items():
+        monkeypatch.setenv(key, value)
+    yield
+
+
+def _gh200(**changes: Any) -> ServeConfig:
+    """The blog's DP4 + EP baseline on gh200x4, with ``changes`` to its arguments (32k context: a quicker start)."""
+    profile = load_profile("gh200x4")
+    base = build_config(profile, dict(profile.baselines[1].values))
+    args = {**base.args, "max-model-len": 32768, **changes}
+    return ServeConfig(args=args, env=dict(base.env), params=dict(base.params))
+
+
+def _ctx(**kw: Any) -> TrialContext:
+    profile = load_profile("gh200x4")
+    ready_s = profile.server.ready_timeout_s / STARTUP_SCALE + UNSCALED_S
+    stall_s = (profile.server.startup_stall_s or 0) / STARTUP_SCALE + UNSCALED_S
+    return TrialContext(vllm_cmd=EMULATOR, model=MODEL, objective=Objective.model_validate(OBJECTIVE),
+                        ready_timeout_s=ready_s, startup_stall_s=stall_s, vocab_size=129280,
+                        served_model_name="dsv4", **kw)
+
+
+# -- finding 6: a start that hangs --------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_hang_in_graph_capture_is_a_hang_with_its_last_progress(tmp_path: Path, node: None) -> None:
+    config = _gh200(**{"compilation-config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1024}})
+    outcome = run_trial(_ctx(), config, tmp_path / "t0")
+    assert outcome.failure_class == "hang", outcome.reason
+    assert outcome.ready_s is None
+    assert "no progress in its log for 55 s" in outcome.reason
+    assert "Capturing CUDA graphs (mixed prefill-decode, FULL)" in outcome.reason  # the last progress, not the
+    assert "broadcast block" not in outcome.reason                                # heartbeat that followed it
+    log = (tmp_path / "t0/server.log").read_text(encoding="utf-8")
+    assert log.count("No available shared memory broadcast block") >= 2  # vLLM kept saying it, to no avail
+    assert not (tmp_path / "t0/server.pid.json").exists()  # stopped, whole group
+
+
+def _widened_profile(tmp_path: Path) -> Path:
+    """gh200x4 widened the way a user might (FULL CUDA graphs), then narrowed to one point, with and without
+    DSpark's 3 draft tokens: DP4 + EP, FULL graphs. Every configuration in it has the same base flags."""
+    data = yaml.safe_load(catalog.resolve("search_spaces", "gh200x4").read_text(encoding="utf-8"))
+    data["name"] = "gh200x4-full-graphs"
+    data["server"]["fixed"]["max-model-len"] = 32768
+    data["topology"] = {"choices": ["dp4-ep"]}
+    levers = data["levers"]
+    levers["compilation-config.cudagraph_mode"] = {"choices": ["FULL"]}
+    for name, value in (("max-num-seqs", 256), ("max-num-batched-tokens", 8192), ("gpu-memory-utilization", 0.95),
+                        ("enable-prefix-caching", True), ("all2all-backend", "allgather_reducescatter")):
+        levers[name] = {**levers[name], "choices": [value]}
+    levers["moe-backend"] = {"choices": ["auto"]}
+    data["speculative"]["draft_tokens"] = {"choices": [0, 3]}
+    data["baselines"] = []
+    path = tmp_path / "gh200x4-full-graphs.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_the_twin_of_a_control_that_hung_is_not_launched(tmp_path: Path, node: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first launch of the base flags hangs (a speculative proposal's control, or the base itself, as the
+    sampler draws): every other configuration with those base flags is told that, not launched."""
+    model_limits = Study.startup_limits_s
+
+    def node_seconds_at_startup_scale(self: Study) -> tuple[float, float | None]:
+        ready_s, stall_s = model_limits(self)  # where the study clock will scale them, the test does
+        return ready_s / STARTUP_SCALE + UNSCALED_S, None if stall_s is None else stall_s / STARTUP_SCALE + UNSCALED_S
+
+    monkeypatch.setattr(Study, "startup_limits_s", node_seconds_at_startup_scale)
+    objective = tmp_path / "objective.yaml"
+    objective.write_text(yaml.safe_dump(OBJECTIVE), encoding="utf-8")
+    record = new_record(name="hang", hw=str(_widened_profile(tmp_path)), objective=str(objective), model=MODEL,
+                        vllm_cmd=" ".join(EMULATOR), port=None, trials=None, budget_s=None, seed=0,
+                        slo_overrides={}, ready_timeout_s=None, guards=[], prevalidate="off",
+                        confirm=ConfirmSpec(top_k=0, repeats=2))
+    study = Study.create(record, tmp_path / "runs")
+    ostudy = study.run()  # the base hangs once; the rest are refused, then only duplicates come: exhausted
+
+    told = [t for t in ostudy.trials if "duplicate_of" not in t.user_attrs and t.state.name == "COMPLETE"]
+    launched = [t for t in told if t.user_attrs.get("launched", True)]
+    refused = [t for t in told if not t.user_attrs.get("launched", True)]
+    assert len(launched) == 1, [t.user_attrs.get("reason") for t in launched]  # one start, not two
+    hung = launched[0]
+    assert hung.user_attrs["failure_class"] == "hang", hung.user_attrs["reason"]
+    assert "Capturing CUDA graphs" in hung.user_attrs["reason"]
+    assert refused and any(t.params["speculative.draft_tokens"] == 3 for t in refused)  # the twin among them
+    for twin in refused:
+        assert twin.user_attrs["failure_class"] == "hang" and twin.user_attrs["refused_by"] == "base_failed_to_start"
+        assert f"trial {hung.number}" in twin.user_attrs["reason"]
+    assert sorted(p.name for p in (study.path / "trials").iterdir()) == [f"{hung.number:04d}"]
+    pruned = [json.loads(line) for line in (study.path / PRUNED_LOG).read_text().splitlines()]
+    assert sorted(p["number"] for p in pruned) == sorted(t.number for t in refused)
+
+
+# -- finding 7: a server that dies under load --------------------------------------------------------------
+def test_an_oom_under_load_is_a_crash_and_teaches_the_memory_model(tmp_path: Path, node: None) -> None:
+    config = _gh200(**{"gpu-memory-utilization": 0.97})
+    outcome = run_trial(_ctx(), config, tmp_path / "t0")
+    assert outcome.failure_class == "oom", outcome.reason  # not slo_violated, whatever the SLOs say
+    assert outcome.ready_s is not None and outcome.ok is False
+    assert "crashed under load" in outcome.reason and "OutOfMemoryError" in outcome.reason
+    assert json.loads((tmp_path / "t0/outcome.json").read_text())["failure_class"] == "oom"
+
+    profile = load_profile("gh200x4")
+    checks = PreLaunch(profile, load_checkpoint("0731"), Objective.model_validate(OBJECTIVE), "off")
+    ctx: Any = None
+    hungrier = _gh200(**{"gpu-memory-utilization": 0.97, "max-num-seqs": 2048, "max-num-batched-tokens": 16384})
+    assert checks.check(hungrier, ctx) is None  # the prior has no reason to refuse it
+    checks.observe_failure(config.args, outcome.failure_class, started=outcome.ready_s is not None, trial=0,
+                           evidence=outcome.reason)
+    refusal = checks.check(hungrier, ctx)
+    assert refusal is not None and refusal.rule == "learned_oom" and "under load" in refusal.reason
+    assert checks.check(_gh200(**{"gpu-memory-utilization": 0.95}), ctx) is None  # more headroom: still tried
+    assert checks.check(_gh200(**{"gpu-memory-utilization": 0.97, "max-num-batched-tokens": 4096}), ctx) is None
