@@ -89,6 +89,12 @@ def headline(study_obj: Study, winner: Winner) -> str:
     lines = [f"{metric} = {winner.value:.2f} on workload {study_obj.objective.name!r}, "
              f"SLOs {study_obj.objective.slos}",
              winner.describe(metric)]
+    units = study_obj.engine.units
+    if study_obj.record.rehearsal or not units.identity:
+        label = "REHEARSAL" if study_obj.record.rehearsal else "EMULATED"
+        lines.insert(0, f"{label}: served by {study_obj.engine.title} ({study_obj.engine.name}), time scale "
+                     f"{units.time_scale:g}, multiplicity {units.multiplicity}; every figure is the emulator's "
+                     "prediction in node units, not a measurement of a node")
     for c in winner.rejected:
         if c is winner.confirmation:
             continue
@@ -218,6 +224,8 @@ def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, o
         "kv_cache_dtype": args.get("kv-cache-dtype", "auto"),
         "context": args.get("max-model-len"),
         "runtime": {**runtime_identity(), "vllm_server": outcome.get("server_metrics", {}).get("server_version")},
+        "engine": {"name": study_obj.engine.name, "title": study_obj.engine.title,
+                   "units": study_obj.engine.units.to_json(), "rehearsal": study_obj.record.rehearsal},
         "measured": {k: outcome.get("summary", {}).get(k) for k in (
             "output_throughput", "request_throughput", "p50_ttft_ms", "p95_ttft_ms", "p95_itl_ms",
             "p95_tpot_ms", "completed", "failed")},

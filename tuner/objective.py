@@ -21,6 +21,18 @@ A workload (inside an objective, or its own file) has three kinds:
   and reasoning on; see :mod:`tuner.load.agent` and the ``agent`` block.
 
 How lengths are drawn and arrivals paced is described in :mod:`tuner.load.workload`.
+
+Scale: an objective's top level is its workload on the node a GPU profile names (the blog's random
+1024/1024 for ``throughput``, the dossier's 40 coding agents for ``agent``). A ``scales:`` section
+holds other scales; a hardware profile picks one with ``server.workload_scale`` (the CPU profile:
+``demo``), and :meth:`Objective.at_scale` resolves it, so ``plan``, ``run`` and the report show one
+workload. An objective file without ``scales`` (a user's own, given by path) is used as it is on any
+profile, and ``--slo`` overrides either.
+
+A ladder may name its steps relative to the KV knee (``knee_fractions``): a step at fraction ``f`` runs
+``f ×`` the trial's own predicted maximum concurrency (the feasibility model's, per configuration), so
+the ladder goes through the knee of whatever configuration the trial launches. The study resolves it
+per trial (:meth:`Objective.for_knee`).
 """
 
 from __future__ import annotations
@@ -35,8 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tuner import catalog
 
-__all__ = ["AgentSpec", "LadderSpec", "Objective", "Score", "Workload", "constraint_names", "failed_score",
-           "load_objective", "score"]
+__all__ = ["AgentSpec", "LadderSpec", "Objective", "ObjectiveScale", "Score", "Workload", "constraint_names",
+           "failed_score", "load_objective", "score"]
 
 _LATENCY_KEY = re.compile(r"^(mean|median|p\d{1,2}(\.\d+)?)_(ttft|tpot|itl|e2el|queue)_ms$")
 _RATE_KEYS = {"output_throughput", "total_token_throughput", "request_throughput"}
@@ -133,6 +145,9 @@ class LadderSpec(BaseModel, extra="forbid", frozen=True):
     max: int = Field(default=256, gt=0, description="highest concurrency tried")
     steps: tuple[int, ...] | None = Field(default=None,
                                           description="explicit concurrencies; overrides start/factor/max")
+    knee_fractions: tuple[float, ...] | None = Field(
+        default=None, description="steps as fractions of the trial's predicted KV knee (its max concurrency); "
+        "resolved per trial into steps")
     prompts_per_concurrency: float = Field(
         default=4.0, gt=0.0, description="each step sends at least concurrency × this requests (and num_prompts)")
     min_gain: float = Field(default=0.05, ge=0.0, description="a step must beat the best by this fraction")
@@ -148,19 +163,56 @@ class LadderSpec(BaseModel, extra="forbid", frozen=True):
     def _ordered(self) -> LadderSpec:
         if self.steps is not None and (not self.steps or any(s <= 0 for s in self.steps)):
             raise ValueError("steps must be a non-empty list of positive concurrencies")
+        if self.knee_fractions is not None:
+            if self.steps is not None:
+                raise ValueError("give steps or knee_fractions, not both")
+            if not self.knee_fractions or any(f <= 0 for f in self.knee_fractions):
+                raise ValueError("knee_fractions must be a non-empty list of positive fractions, e.g. [0.5, 1.0, 1.5]")
         if self.steps is None and self.start > self.max:
             raise ValueError(f"start ({self.start}) is above max ({self.max})")
         if isinstance(self.client_processes, int) and self.client_processes <= 0:
             raise ValueError("client_processes must be positive or 'auto'")
         return self
 
+    @property
+    def relative(self) -> bool:
+        """The steps are fractions of the trial's KV knee, still to be resolved (explicit ``steps`` win)."""
+        return self.knee_fractions is not None and self.steps is None
+
+    def steps_for_knee(self, knee: int) -> tuple[int, ...]:
+        """The node concurrencies of a knee-relative ladder for a configuration whose knee is ``knee``."""
+        assert self.knee_fractions is not None
+        return tuple(sorted({max(1, round(f * max(1, knee))) for f in self.knee_fractions}))
+
+    def for_knee(self, knee: int) -> LadderSpec:
+        """This ladder with its knee fractions turned into steps (unchanged when it has none)."""
+        if not self.relative:
+            return self
+        return self.model_copy(update={"steps": self.steps_for_knee(knee), "knee_fractions": None})
+
 
 # -- the objective ----------------------------------------------------------------------------------
+class ObjectiveScale(BaseModel, extra="forbid", frozen=True):
+    """What changes with the node's scale (``scales.<name>`` in an objective); unset keys keep the top level's."""
+
+    description: str | None = None
+    slos: dict[str, float] | None = None
+    max_failed_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    workload: Workload | None = None
+    ladder: LadderSpec | None = None
+    no_ladder: bool = Field(default=False, description="this scale runs one step at workload.concurrency")
+    goodput_slos: dict[str, float] | None = None
+
+
 class Objective(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     description: str = ""
+    scale: str | None = None
+    """The scale this objective was resolved at (None: its top level, the node scale)."""
+    scales: dict[str, ObjectiveScale] = Field(default_factory=dict)
+    """Other scales of the same objective, picked by a hardware profile's ``server.workload_scale``."""
     direction: Literal["maximize", "minimize"] = "maximize"
     metric: str = "output_throughput"
     slos: dict[str, float] = Field(default_factory=dict)
@@ -225,6 +277,15 @@ class Objective(BaseModel):
             raise ValueError("metric request_goodput needs goodput_slos (e.g. ttft_ms: 2000, tpot_ms: 100)")
         return self
 
+    @model_validator(mode="after")
+    def _scales_resolve(self) -> Objective:
+        for name in self.scales:
+            try:
+                self.at_scale(name)
+            except ValueError as exc:
+                raise ValueError(f"scales.{name}: {exc}") from exc
+        return self
+
     def with_slos(self, overrides: Mapping[str, float]) -> Objective:
         slos = {**self.slos, **overrides}
         return Objective.model_validate({**self.model_dump(), "slos": slos})
@@ -234,6 +295,35 @@ class Objective(BaseModel):
         if gpu_hour_usd is None:
             return self
         return Objective.model_validate({**self.model_dump(), "gpu_hour_usd": gpu_hour_usd})
+
+    def at_scale(self, name: str | None) -> Objective:
+        """The objective at scale ``name`` (a ``scales`` entry), with no ``scales`` left.
+
+        None, or a name this objective has no section for (a user's own file), gives the top level.
+        """
+        if name is None or name not in self.scales:
+            return self.model_copy(update={"scales": {}})
+        section = self.scales[name]
+        data = self.model_dump()
+        data.update({"scales": {}, "scale": name})
+        for key in ("description", "slos", "max_failed_fraction", "workload", "ladder", "goodput_slos"):
+            value = getattr(section, key)
+            if value is not None:
+                data[key] = value.model_dump() if isinstance(value, BaseModel) else value
+        if section.no_ladder:
+            data["ladder"] = None
+        return Objective.model_validate(data)
+
+    @property
+    def knee_relative(self) -> bool:
+        """The ladder's steps are fractions of each trial's KV knee (resolved per trial: :meth:`for_knee`)."""
+        return self.ladder is not None and self.ladder.relative
+
+    def for_knee(self, knee: int) -> Objective:
+        """The objective a trial whose configuration has KV knee ``knee`` runs: its ladder in node concurrencies."""
+        if self.ladder is None or not self.ladder.relative:
+            return self
+        return self.model_copy(update={"ladder": self.ladder.for_knee(knee)})
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (room, module prefixes), top first; a module may import its own layer and the layers below it.
     ("cli", ("tuner.cli",)),
     ("drivers and outputs", ("tuner.backends.worker", "tuner.backends.ray", "tuner.export", "tuner.report",
-                             "tuner.verify")),
+                             "tuner.verify", "tuner.night")),
     ("study", ("tuner.study",)),
     ("storage and node", ("tuner.backends",)),
     ("trial", ("tuner.trial",)),

@@ -4,10 +4,12 @@
                  argument validation
     process.py   the process helper: start a server in its own process group, wait until ready,
                  stop it and all it spawned, stop orphans
+    registry.py  the engines by name (``--engine``): the one place that picks an engine
     vllm/        vLLM's Engine
+    emulated/    the emulated DSV4 node (``--engine emulated``, ``dsv4-tune rehearse``)
 
-A new engine (SGLang, llama.cpp, an emulated node) is a new folder here with a class that satisfies
-:class:`Engine`; nothing outside ``engines/`` imports it but the code that picks the engine.
+A new engine (SGLang, llama.cpp) is a new folder here with a class that satisfies :class:`Engine`, and
+one line in ``registry.py``; nothing outside ``engines/`` imports an engine's folder.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from tuner.engines.process import (
     stop_orphans,
     tail,
 )
+from tuner.engines.registry import DEFAULT_ENGINE, ENGINES, make_engine
 from tuner.engines.vllm import VllmEngine
 
 __all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
     "PID_FILE",
     "Engine",
     "LaunchSpec",
@@ -34,6 +39,7 @@ __all__ = [
     "default_engine",
     "free_port",
     "group_alive",
+    "make_engine",
     "stop_orphans",
     "tail",
 ]

@@ -46,10 +46,12 @@ from typing import Any
 from tuner.load import metrics
 from tuner.load.freshness import WindowCheck, check_window
 from tuner.load.generator import LoadResult, RequestRecord, WindowPlan, jobs_for, run_window
+from tuner.load.knee import KneeEvidence, knee_evidence, saturation
 from tuner.load.metrics import ServerMetrics
 from tuner.load.poller import Poller
 from tuner.load.pool import ClientPool, auto_processes
 from tuner.load.power import PowerReader, PowerSampler, energy_figures
+from tuner.load.units import IDENTITY, Units
 from tuner.objective import LadderSpec, Objective, score
 
 __all__ = ["LadderSpec", "Measurement", "SloWatch", "Step", "ladder_concurrencies", "measure"]
@@ -103,6 +105,10 @@ class Measurement:
     client_starved: bool = False
     next_job: int = 0
     """The first prompt number this measurement did not send: where the next one on this server starts."""
+    knee: KneeEvidence | None = None
+    """Whether the top step showed the knee the ladder was sized for (None: not a knee-sized ladder)."""
+    units: Units = IDENTITY
+    """How the steps' client records map to the node (the summaries are node figures already)."""
 
     @property
     def refused(self) -> tuple[str, ...]:
@@ -113,6 +119,7 @@ class Measurement:
         return {"summary": dict(self.summary), "server": dict(self.server), "chosen_step": self.chosen,
                 "stop_reason": self.stop_reason, "client_saturated": self.client_saturated,
                 "client_starved": self.client_starved, "next_job": self.next_job,
+                "knee": self.knee.to_json() if self.knee is not None else None, "units": self.units.to_json(),
                 "refused_windows": list(self.refused),
                 "steps": [s.to_json() for s in self.steps]}
 
@@ -120,8 +127,9 @@ class Measurement:
 class SloWatch:
     """Decides, record by record, whether a step's SLOs are already lost for certain."""
 
-    def __init__(self, objective: Objective, planned_requests: int) -> None:
+    def __init__(self, objective: Objective, planned_requests: int, units: Units = IDENTITY) -> None:
         self.planned = planned_requests
+        self.time_scale = units.time_scale  # records are client seconds, limits node milliseconds
         self.max_failed = objective.max_failed_fraction * planned_requests
         self.rules: list[tuple[str, str, float, int]] = []  # key, metric, limit in ms, violations allowed
         for key, limit in objective.slos.items():
@@ -153,8 +161,8 @@ class SloWatch:
         for i, (key, metric, limit_ms, allowed) in enumerate(self.rules):
             value = _request_value(record, metric)
             # In ms, as the summary and the SLO are: a limit turned into seconds can round below a
-            # request exactly at it, and call a step lost that meets its SLO.
-            if value is not None and value * 1000.0 > limit_ms:
+            # request exactly at it, and call a step lost that meets its SLO. Node ms, as the summary's.
+            if value is not None and value * 1000.0 * self.time_scale > limit_ms:
                 self.violations[i] += 1
                 if self.violations[i] > allowed:
                     self.reason = (f"{key}: {self.violations[i]} of {self.planned} requests over "
@@ -240,6 +248,8 @@ class _Runner:
     request_timeout_s: float
     pool: ClientPool | None = None
     power: PowerReader | None = None
+    units: Units = IDENTITY
+    """Client → node (tuner.load.units): steps and request counts are node figures, windows client ones."""
 
     def window(self, plan: WindowPlan, should_stop: Callable[[], bool],
                on_record: Callable[[RequestRecord], None] | None) -> LoadResult:
@@ -255,10 +265,15 @@ def _run_step(runner: _Runner, spec: LadderSpec | None, concurrency: int, first_
               should_stop: Callable[[], bool], scrape: Scrape, server_metrics: ServerMetrics) -> Step:
     objective = runner.objective
     workload = objective.workload
-    plan = WindowPlan(first_job=first_job, jobs=jobs_for(workload, requests), concurrency=concurrency,
-                      request_rate=workload.request_rate)
+    # ``concurrency`` is the node's; the client opens the streams that stand for it (tuner.load.units).
+    units = runner.units
+    streams = units.client_streams(concurrency)
+    rate = None if workload.request_rate is None else units.client_rate(workload.request_rate)
+    plan = WindowPlan(first_job=first_job, jobs=jobs_for(workload, requests), concurrency=streams,
+                      request_rate=rate)
+    concurrency = units.node_requests(streams)  # what the node ran: whole streams of ``multiplicity``
     planned = plan.jobs * (workload.agent_spec.turns if workload.kind == "agent" else 1)
-    watch = SloWatch(objective, planned)
+    watch = SloWatch(objective, planned, units)
     lost = threading.Event()
 
     def on_record(record: RequestRecord) -> None:
@@ -281,8 +296,11 @@ def _run_step(runner: _Runner, spec: LadderSpec | None, concurrency: int, first_
     outer_stopped = result.stopped and should_stop()
     after = scrape() if not outer_stopped else {}
     server = server_metrics.window(before, after, sampler.samples)
-    summary: dict[str, Any] = dict(metrics.summarize(result, _percentiles(objective)))
+    # Client measurements become node figures here, once (tuner.load.units); the server's are node already.
+    summary: dict[str, Any] = units.node_summary(metrics.summarize(result, _percentiles(objective)))
     summary["max_concurrency"] = concurrency
+    if not units.identity:
+        summary["client_streams"] = streams
     if power is not None:  # GPU energy of the window: tokens per joule, and $ per Mtok at the user's price
         energy = power.result()
         server = {**server, "power": energy.to_json() if energy is not None else None}
@@ -301,7 +319,7 @@ def _run_step(runner: _Runner, spec: LadderSpec | None, concurrency: int, first_
         violations = (*violations, f"window refused: {why}")
     feasible = verdict.feasible and not early_reason and check.ok
     return Step(concurrency=concurrency, summary=summary, server=server,
-                result=LoadResult(records=result.records, duration_s=result.duration_s, concurrency=concurrency,
+                result=LoadResult(records=result.records, duration_s=result.duration_s, concurrency=streams,
                                   request_rate=result.request_rate, stopped=outer_stopped, client=result.client),
                 feasible=feasible, violations=tuple(violations), early_stop_reason=early_reason, client=client,
                 check=check, first_job=first_job)
@@ -312,7 +330,9 @@ def _warmup(runner: _Runner, concurrency: int, should_stop: Callable[[], bool]) 
     workload = runner.objective.workload
     if not workload.warmup_prompts:
         return True
-    plan = WindowPlan(0, workload.warmup_prompts, concurrency, None, warmup=True)
+    units = runner.units
+    plan = WindowPlan(0, units.client_requests(workload.warmup_prompts), units.client_streams(concurrency), None,
+                      warmup=True)
     warm = runner.window(plan, should_stop, None)
     failed = [r.error for r in warm.records if not r.ok]
     logger.info("ladder: %d warm-up requests in %.2f s, %d failed", len(warm.records), warm.duration_s, len(failed))
@@ -339,7 +359,8 @@ def _choose(objective: Objective, steps: list[Step]) -> int | None:
 def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int, api_key: str | None,
             should_stop: Callable[[], bool], scrape: Scrape, server_metrics: ServerMetrics,
             power: PowerReader | None = None,
-            request_timeout_s: float = 600.0, first_job: int = 0) -> Measurement:
+            request_timeout_s: float = 600.0, first_job: int = 0, units: Units = IDENTITY,
+            knee: int | None = None) -> Measurement:
     """Run the objective's load (one step, or its ladder) and pick the step the trial is scored by.
 
     ``power`` (when the host has GPUs to read) is sampled during every window: the window's summary
@@ -348,6 +369,10 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
     ``scrape`` reads the server's ``/metrics`` page; ``server_metrics`` (the engine's) says what the
     scrapes mean for each window. ``first_job``: the first prompt number to send; a later
     measurement on the same server passes the earlier one's ``next_job``, so no prompt is re-sent.
+    ``units`` (the engine's): steps, prompt counts and rates are node figures, and each window's
+    summary is converted to node units. ``knee``: the launch's predicted KV knee the ladder was sized
+    from; the top step must then show saturation (:mod:`tuner.load.knee`), and a step without gain ends
+    the ladder only once one did.
     """
     spec: LadderSpec | None = getattr(objective, "ladder", None)
     if spec is not None and not isinstance(spec, LadderSpec):
@@ -356,10 +381,10 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
     concurrencies = ladder_concurrencies(spec) if spec is not None else [workload.concurrency]
     processes = 1
     if spec is not None:
-        processes = (auto_processes(max(concurrencies), spec.streams_per_process)
+        processes = (auto_processes(units.client_streams(max(concurrencies)), spec.streams_per_process)
                      if spec.client_processes == "auto" else spec.client_processes)
     runner = _Runner(base_url=base_url, model=model, objective=objective, vocab_size=vocab_size,
-                     api_key=api_key, request_timeout_s=request_timeout_s, power=power)
+                     api_key=api_key, request_timeout_s=request_timeout_s, power=power, units=units)
     pool = (ClientPool(processes, base_url=base_url, model=model, workload=workload, vocab_size=vocab_size,
                        api_key=api_key, request_timeout_s=request_timeout_s) if processes > 1 else None)
     steps: list[Step] = []
@@ -376,8 +401,8 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
         best_rate = -math.inf
         stale = 0
         for concurrency in concurrencies:
-            requests = workload.num_prompts if spec is None else max(
-                workload.num_prompts, math.ceil(concurrency * spec.prompts_per_concurrency))
+            requests = units.client_requests(workload.num_prompts if spec is None else max(
+                workload.num_prompts, math.ceil(concurrency * spec.prompts_per_concurrency)))
             step = _run_step(runner, spec, concurrency, first_job, requests, should_stop, scrape, server_metrics)
             first_job += jobs_for(workload, requests)
             steps.append(step)
@@ -396,7 +421,10 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
                 break
             if not step.feasible:
                 stop_reason = f"SLO broken at concurrency {concurrency}"
-                break
+                # A knee-sized ladder still goes through its knee: the steps above are measured (and
+                # infeasible), so the record shows the saturation the ladder was sized for.
+                if knee is None or saturation(step.server, step.concurrency, knee, step.summary):
+                    break
             if spec is not None and step.client.get("client_saturated") and spec.stop_on_client_saturation:
                 stop_reason = f"load generator saturated at concurrency {concurrency}"
                 logger.warning("ladder: %s (cpu %.0f%%, loop lag p99 %.0f ms); higher steps would measure "
@@ -408,7 +436,9 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
                     stale = 0
                 else:
                     stale += 1
-                    if stale >= spec.patience:
+                    # A knee-sized ladder goes on until a step shows saturation (tuner.load.knee).
+                    shown = knee is None or bool(saturation(step.server, step.concurrency, knee, step.summary))
+                    if stale >= spec.patience and shown:
                         stop_reason = f"throughput stopped rising at concurrency {concurrency}"
                         best_rate = max(best_rate, rate)
                         break
@@ -424,9 +454,14 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
         return Measurement(summary={}, server={}, steps=(), stopped=stopped, stop_reason=stop_reason,
                            next_job=first_job)
     best = steps[chosen]
+    evidence = (knee_evidence([(s.concurrency, s.server, s.summary) for s in steps], knee)
+                if knee is not None else None)
+    if evidence is not None and not evidence.shown:
+        logger.warning("ladder: the knee is %s", evidence.evidence)
     saturated = any(bool(s.client.get("client_saturated")) for s in steps)
     starved = any(bool(s.client.get("client_starved")) for s in steps)
     logger.info("ladder: reporting concurrency %d (%s)", best.concurrency, stop_reason)
     return Measurement(summary=best.summary, server={**best.server, "client": dict(best.client)},
                        steps=tuple(steps), stopped=stopped, chosen=chosen, stop_reason=stop_reason,
-                       client_saturated=saturated, client_starved=starved, next_job=first_job)
+                       client_saturated=saturated, client_starved=starved, next_job=first_job, knee=evidence,
+                       units=units)

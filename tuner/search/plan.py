@@ -3,7 +3,10 @@
 :func:`build_plan` sizes a hardware profile's search space, samples it with a seeded random source to
 find the share the feasibility model lets through, tabulates KV capacity and concurrency per
 topology, lists the baseline trials, and divides a time budget by the profile's per-trial estimate.
-:func:`format_plan` renders that as markdown. Both are pure: the CLI prints.
+It shows the workload ``run`` would measure: the objective (``throughput`` unless one is named) at
+the profile's workload scale, its SLOs, and each launch's ladder through its own KV knee
+(:mod:`tuner.search.envelope`). :func:`format_plan` renders that as markdown. Both are pure: the CLI
+prints.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.engines import Engine, default_engine
-from tuner.objective import Workload, load_objective
+from tuner.objective import Objective, Workload
 from tuner.search.checkpoints import Checkpoint, WeightSplit, load_checkpoint
+from tuner.search.envelope import LadderRow, envelope, objective_for
 from tuner.search.feasibility import GIB, Feasibility, check
 from tuner.search.profile import (
     DRAFT_TOKENS_PARAM,
@@ -30,8 +34,6 @@ from tuner.search.profile import (
 from tuner.search.space import FixedParams, RandomParams, ServeConfig, build_config, suggest
 
 DEFAULT_SAMPLES = 400
-DEFAULT_WORKLOAD = Workload(input_len=1024, output_len=1024, num_prompts=4096, concurrency=2048)
-"""Without an objective: the blog's benchmark (random ISL/OSL 1024/1024)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,15 @@ class Plan:
     checkpoint: str
     checkpoint_repo: str
     draft: str
-    objective: str | None
+    objective: str
+    """The objective's name (``throughput`` when none was given: what ``run`` measures then)."""
+    scale: str | None
+    """The profile's workload scale (None: the objectives' node scale)."""
+    workload: Workload
+    slos: dict[str, float]
+    ladder: tuple[LadderRow, ...]
+    """Each baseline's and topology's ladder, in node concurrency (through its own KV knee)."""
+    ladder_rule: str
     workload_tokens: tuple[int, int]
     space_size: int | None
     """Distinct points (``None``: a continuous lever makes it infinite)."""
@@ -204,9 +214,8 @@ def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoin
                *, samples: int = DEFAULT_SAMPLES, seed: int = 0, engine: Engine | None = None) -> Plan:
     """Everything ``dsv4-tune plan`` shows, computed without launching anything (flags as ``engine`` spells them)."""
     raw = load_profile(hw)
-    workload = DEFAULT_WORKLOAD
-    if objective is not None:
-        workload = load_objective(objective).workload
+    resolved: Objective = objective_for(raw, objective)
+    workload = resolved.workload
     ckpt_name = checkpoint or raw.server.checkpoint
     if raw.hardware.accelerator == "cpu" and checkpoint is None:
         profile = raw
@@ -223,12 +232,42 @@ def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoin
         if spec.draft_tokens.float_range is None else spec.method)
     return Plan(
         profile=profile.name, description=profile.description, checkpoint=ckpt.name or "(none)",
-        checkpoint_repo=ckpt.repo, draft=draft, objective=objective,
+        checkpoint_repo=ckpt.repo, draft=draft, objective=resolved.name, scale=profile.server.workload_scale,
+        workload=workload, slos=dict(resolved.slos),
+        ladder=envelope(profile, None if ckpt.name == "demo" else ckpt, resolved).rows,
+        ladder_rule=_ladder_rule(resolved),
         workload_tokens=(workload.input_len, workload.output_len), space_size=space_size(profile),
         samples=samples, feasible_share=share, top_rejections=tuple(top),
         topologies=tuple(_topology_rows(profile, ckpt, workload)),
         baselines=tuple(_baseline_rows(profile, ckpt, workload, engine or default_engine())),
         per_trial_s=per_trial, budget_s=budget_s, trials_in_budget=trials)
+
+
+def _ladder_rule(objective: Objective) -> str:
+    ladder = objective.ladder
+    if ladder is None:
+        return f"one window at concurrency {objective.workload.concurrency}"
+    if ladder.relative:
+        assert ladder.knee_fractions is not None
+        fractions = ", ".join(f"{f:g}" for f in ladder.knee_fractions)
+        return (f"steps at {fractions} x each launch's own KV knee (the feasibility model's max concurrency), "
+                f"{ladder.prompts_per_concurrency:g} x concurrency prompts per step")
+    return f"steps {', '.join(str(c) for c in (ladder.steps or ()))}" if ladder.steps else \
+        f"steps from {ladder.start} x{ladder.factor:g} up to {ladder.max}"
+
+
+def _workload_line(plan: Plan) -> str:
+    w = plan.workload
+    if w.kind == "agent":
+        a = w.agent_spec
+        shape = (f"agent sessions: {w.concurrency} agents x {a.turns} turns, ~{a.system_len + a.context_len} "
+                 f"prompt words, {w.output_len} output tokens, reasoning {a.reasoning_effort}, tools {a.tools}")
+    else:
+        prefix = f" after a {w.prefix_len}-token prefix (1 of {w.num_prefixes})" if w.kind == "shared_prefix" else ""
+        pace = f", {w.request_rate:g} req/s" if w.request_rate else ""
+        shape = f"{w.kind}: ISL {w.input_len}{prefix} + OSL {w.output_len}{pace}"
+    scale = f"scale {plan.scale}" if plan.scale else "node scale"
+    return f"objective **{plan.objective}** ({scale}): {shape}"
 
 
 def _cpu_checkpoint() -> Checkpoint:
@@ -247,11 +286,13 @@ def format_plan(plan: Plan) -> str:
     """The plan as markdown, for a terminal or a file."""
     isl, osl = plan.workload_tokens
     size = "infinite (continuous lever)" if plan.space_size is None else f"{plan.space_size:,}"
+    slos = ", ".join(f"{k} <= {v:g}" for k, v in plan.slos.items()) or "none"
     out = [f"# Plan: {plan.profile}", "", plan.description, "",
            f"- checkpoint: **{plan.checkpoint}** (`{plan.checkpoint_repo}`)",
            f"- speculation: {plan.draft}",
-           f"- workload: ISL {isl} + OSL {osl}" + (f" (objective {plan.objective})" if plan.objective else
-                                                   " (the blog's benchmark; pass --objective to change)"),
+           f"- workload: {_workload_line(plan)}",
+           f"- SLOs: {slos}",
+           f"- ladder: {plan.ladder_rule}",
            f"- space: {size} points; feasible share {plan.feasible_share:.0%} of {plan.samples} seeded samples",
            ""]
     if plan.top_rejections:
@@ -264,6 +305,10 @@ def format_plan(plan: Plan) -> str:
                       [[r.topology, "yes" if r.ok else f"no: {r.reason}", r.weights_gib_per_rank,
                         r.kv_gib_per_rank, f"{r.kv_tokens_per_rank:,}", f"{r.kv_tokens_total:,}",
                         r.max_concurrency] for r in plan.topologies]), ""]
+    out += ["## The ladder of each launch (node concurrency)", "",
+            _md_table(["launch", "fits", f"KV knee @ {isl + osl}", "steps"],
+                      [[r.name, "yes" if r.fits else "no", r.knee or "-", ", ".join(str(c) for c in r.steps) or "-"]
+                       for r in plan.ladder]), ""]
     out += ["## Baseline trials (enqueued first)", ""]
     if not plan.baselines:
         out += ["(none for this checkpoint)", ""]

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tuner.study.clock import WALL, StudyClock
 from tuner.trial import TrialOutcome
 
 __all__ = ["Progress", "phase_reporter"]
@@ -48,10 +48,13 @@ class Progress:
     """Which of the ``confirm_planned`` launches runs now (1-based)."""
     repeat: tuple[int, int] | None = None
     """Confirmation: (the repeat running, the repeats planned) of the current launch."""
+    clock: StudyClock = WALL
+    """The study clock ``deadline`` is on (node seconds)."""
 
     @property
     def seconds_left(self) -> float | None:
-        return None if self.deadline is None else max(0.0, self.deadline - time.time())
+        """Node seconds left (the study clock's)."""
+        return None if self.deadline is None else max(0.0, self.deadline - self.clock.now())
 
     @property
     def median_launch_s(self) -> float | None:

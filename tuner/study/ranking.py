@@ -67,10 +67,13 @@ def running_keys(study: optuna.Study, exclude_number: int | None = None) -> dict
             if t.number != exclude_number and "config_key" in t.user_attrs}
 
 
-def time_for_another(study: optuna.Study, deadline: float, first_estimate_s: float, reserve_s: float = 0.0) -> bool:
+def time_for_another(study: optuna.Study, deadline: float, first_estimate_s: float, reserve_s: float = 0.0,
+                     now: float | None = None) -> bool:
     """Start another trial only if it can finish (longest duration so far) before the deadline.
 
     ``first_estimate_s`` stands in before any trial finished (the hardware profile's ``expected_launch_s``).
+    ``now``, ``deadline`` and the durations are the study clock's node seconds (:mod:`tuner.study.clock`);
+    ``now`` defaults to the wall clock.
     """
     durations = [float(t.user_attrs["duration_s"]) for t in study.get_trials(deepcopy=False)
                  if "duration_s" in t.user_attrs and "duplicate_of" not in t.user_attrs]
@@ -80,7 +83,7 @@ def time_for_another(study: optuna.Study, deadline: float, first_estimate_s: flo
     # it would hold a cold start's margin before every later trial (docs/evidence/h200.md).
     warm = durations[1:] if len(durations) > 1 else durations
     estimate = max(warm) if warm else first_estimate_s
-    return time.time() + estimate + reserve_s <= deadline
+    return (time.time() if now is None else now) + estimate + reserve_s <= deadline
 
 
 def trials_frame(study: optuna.Study) -> Any:

@@ -51,6 +51,7 @@ from tuner.engines.emulated.pseudo_model import PseudoModel, filler_ids
 from tuner.engines.emulated.responder import garble, respond
 from tuner.engines.emulated.scheduler import Group, Node, Step
 from tuner.engines.emulated.serve_config import EmulatedConfig, Frontend
+from tuner.engines.emulated.settings import MULTIPLICITY_HEADER
 from tuner.engines.emulated.tokenizer import TOKENIZER, VOCAB_SIZE
 from tuner.engines.emulated.truth import Truth
 from tuner.engines.emulated.units import Units
@@ -222,13 +223,28 @@ class EmulatedServer:
             await self.sleep_until_v(step.end_v)
             node.apply(step)
 
-    def _submit(self, prompt_ids: Sequence[int], output_ids: Sequence[int], finish_reason: str) -> tuple[Group,
-                                                                                                          StreamSink]:
+    def _copies(self, request: web.Request) -> int:
+        """Virtual requests this HTTP request stands for: the multiplicity, or fewer when the request asks.
+
+        A correctness probe (the tuner's gates) sends ``X-DSV4-Emulator-Multiplicity: 1``: one request,
+        not ``M`` copies of a 100k-token needle. Not a vLLM header; vLLM ignores it.
+        """
+        asked = request.headers.get(MULTIPLICITY_HEADER)
+        if asked is None:
+            return self.units.multiplicity
+        try:
+            copies = int(asked)
+        except ValueError as exc:
+            raise ApiError(f"{MULTIPLICITY_HEADER} must be a whole number, got {asked!r}") from exc
+        return max(1, min(self.units.multiplicity, copies))
+
+    def _submit(self, prompt_ids: Sequence[int], output_ids: Sequence[int], finish_reason: str,
+                copies: int | None = None) -> tuple[Group, StreamSink]:
         if self.dead:
             raise ApiError(ENGINE_DEAD, 500, "InternalServerError")
         sink = StreamSink()
         self._uid += 1
-        group = Group(self._uid, self.units.multiplicity, len(prompt_ids), max(1, len(output_ids)),
+        group = Group(self._uid, copies or self.units.multiplicity, len(prompt_ids), max(1, len(output_ids)),
                       max(self.now_v(), self.node.now_v),
                       token_ids=[*prompt_ids, *output_ids], sink=sink, finish_reason=finish_reason)
         self.node.submit(group)
@@ -398,7 +414,7 @@ class EmulatedServer:
             output = filler_ids(stable_hash("filler", ids[:64], len(ids)), natural)
         finish = "length" if len(output) >= max_tokens else "stop"
         answer = Answer.new("cmpl", model, ids, output, finish)
-        group, sink = self._submit(ids, output, finish)
+        group, sink = self._submit(ids, output, finish, self._copies(request))
         return_ids = bool(body.get("return_token_ids"))
         if body.get("stream"):
             return await self._stream(request, answer, group, sink, chat=False, body=body)
@@ -440,7 +456,8 @@ class EmulatedServer:
             reasoning_parser=bool(front.reasoning_parser), tool_parser=parser_ready and bool(tools)
             and tool_choice != "none", filler_seed=stable_hash("chat", ids[-64:]))
         answer = Answer.new("chatcmpl", model, ids, output.ids, output.finish_reason, chat=output)
-        group, sink = self._submit(ids, output.ids, "length" if output.finish_reason == "length" else "stop")
+        group, sink = self._submit(ids, output.ids, "length" if output.finish_reason == "length" else "stop",
+                                   self._copies(request))
         if body.get("stream"):
             return await self._stream(request, answer, group, sink, chat=True, body=body)
         await self._finished(group, sink)

@@ -27,9 +27,12 @@ from dataclasses import dataclass
 
 from tuner.engines.emulated.units import Units
 
-__all__ = ["ENV_PREFIX", "EmulatorSettings", "SettingsError"]
+__all__ = ["ENV_PREFIX", "MULTIPLICITY_HEADER", "EmulatorSettings", "SettingsError"]
 
 ENV_PREFIX = "DSV4_EMULATOR_"
+MULTIPLICITY_HEADER = "X-DSV4-Emulator-Multiplicity"
+"""A request that carries this header stands for that many virtual requests (at most the multiplicity):
+the tuner's correctness probes send 1."""
 
 
 class SettingsError(ValueError):

@@ -163,7 +163,9 @@ def window_facts(deltas: Mapping[str, float], after: Mapping[MetricKey, float], 
             "preemptions": counter("vllm:num_preemptions"),
             "prompt_tokens": counter("vllm:prompt_tokens"),
             "kv_usage_max": gauges.get(KV_CACHE_USAGE, {}).get("max"),
-            "queue_p95_ms": queue.get("p95_queue_ms")}
+            "queue_p95_ms": queue.get("p95_queue_ms"),
+            "running_max": gauges.get("vllm:num_requests_running", {}).get("max"),
+            "waiting_max": gauges.get("vllm:num_requests_waiting", {}).get("max")}
 
 
 VLLM_METRICS = VllmMetrics()
