@@ -298,3 +298,22 @@ def test_the_ray_searcher_learns_from_an_oom_under_load_and_a_failed_start(
         searcher.on_trial_complete(f"t{i}", _ray_result(study, shipped, outcome))
     assert finish() is None
     _assert_taught(ostudy, seen)
+
+
+def test_a_resumed_study_remembers_a_base_that_failed_to_start(
+        tmp_path: Path, launches: Callable[[Node], list[ServeConfig]]) -> None:
+    from tuner.backends.storage import ask_fixed
+
+    study = _study(tmp_path, trials=1)
+    study.optuna_study().enqueue_trial(HANGS)
+    seen = launches(_failing_node)
+    study.run()
+    assert len(seen) == 1  # the base hung
+    again = Study.open("night", tmp_path / "runs")  # a resume (or another worker) builds its step afresh
+    ostudy = again.optuna_study()
+    step = again.step(ostudy, again.context())
+    twin = step.propose(ask_fixed(ostudy, ITS_TWIN, {}))
+    verdict = step.refuse(twin)
+    assert verdict is not None and verdict.rule == "base_failed_to_start" and verdict.failure_class == "hang"
+    assert twin.trial.number not in {t.number for t in ostudy.trials if t.user_attrs.get("launched", True)
+                                     and t.state.name == "COMPLETE"}

@@ -150,6 +150,7 @@ class TrialStep:
         self.idle = _Idle()
         self.start_failures: dict[str, tuple[int, str, str]] = {}
         """Base configuration key → (trial, failure class, reason) of a launch of it that never became ready."""
+        self._learn_start_failures()  # a resumed study's, and the other workers' so far
 
     # -- proposing -----------------------------------------------------------------------------------
     def propose(self, trial: optuna.Trial | None = None) -> Proposal:
@@ -202,6 +203,9 @@ class TrialStep:
         """Teach the pre-launch checks every launch the study holds (other workers' and resumed ones too):
         the KV refit, memory lessons, and which base configurations failed to start."""
         learn_kv(self.ostudy, self.profile, self.prelaunch)
+        self._learn_start_failures()
+
+    def _learn_start_failures(self) -> None:
         for t in self.ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True):
                 self._note_start_failure(t.number, t.params, t.user_attrs)
