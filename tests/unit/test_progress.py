@@ -66,3 +66,10 @@ def test_eta_is_the_median_measured_launch_times_the_trials_left() -> None:
     assert "ETA 15 min (2.5 min per launch, measured)" in progress.describe()
     progress.controls = 2
     assert progress.counts() == "trials 4/10 (+2 controls)"
+
+
+def test_a_confirmation_with_no_time_left_says_so_instead_of_a_stale_trial() -> None:
+    progress = Progress(study="s", launched=1, stage="confirmation", confirm_planned=0, current="trial 0",
+                        phase="load")
+    assert progress.describe().startswith("confirmation: 0 launch(es) planned")
+    assert "trial 0" not in progress.describe()

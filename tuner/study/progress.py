@@ -93,7 +93,9 @@ class Progress:
         best = f"best {self.best_value:.1f} (trial {self.best_trial})" if self.best_value is not None else "best -"
         left = self.seconds_left
         budget = f"{left / 60:.0f} {unit} of budget left" if left is not None else ""
-        if self.stage == "confirmation":
+        if self.stage == "confirmation" and not self.confirm_running:  # nothing launched yet (or no time for it)
+            parts = [f"confirmation: {self.confirm_planned} launch(es) planned", best, budget]
+        elif self.stage == "confirmation":
             repeat = f" · repeat {self.repeat[0]}/{self.repeat[1]}" if self.repeat else ""
             parts = [f"confirmation {self.confirm_running}/{self.confirm_planned}: {self.current}{repeat} · "
                      f"{self.phase}", best,
