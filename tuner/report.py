@@ -191,12 +191,20 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
     ranked = sorted((t for t in trials if t.user_attrs.get("feasible") and t.value is not None),
                     key=lambda t: float(t.value or 0.0), reverse=maximize)
     winner = study_obj.winner(study)
-    lines = [f"# dsv4-tune report: {study_obj.record.name}", "",
-             f"- hardware profile: `{study_obj.profile.name}` ({study_obj.profile.hardware.device_count}× "
+    units = study_obj.engine.units
+    lines = [f"# dsv4-tune report: {study_obj.record.name}", ""]
+    if study_obj.record.rehearsal or not units.identity:
+        lines += [f"**{'REHEARSAL' if study_obj.record.rehearsal else 'EMULATED'}: every figure below is the "
+                  f"prediction of {study_obj.engine.title} (`--engine {study_obj.engine.name}`), in node units; "
+                  "not a measurement of a node** (docs/emulator.md).", ""]
+    lines += [f"- hardware profile: `{study_obj.profile.name}` ({study_obj.profile.hardware.device_count}× "
              f"{study_obj.profile.hardware.device_name})",
+             f"- engine: `{study_obj.engine.name}`; units: time scale {units.time_scale:g} node s per real s, "
+             f"multiplicity {units.multiplicity} requests per client stream",
              f"- objective: `{obj.name}`: {obj.direction} `{obj.metric}`; SLOs {json.dumps(obj.slos)}; "
              f"guards {study_obj.guard_names() or 'none'}",
-             f"- workload: {obj.workload.model_dump_json()}",
+             f"- workload ({obj.scale or 'node'} scale): {obj.workload.model_dump_json()}",
+             f"- ladder: {obj.ladder.model_dump_json(exclude_defaults=True) if obj.ladder else 'none'}",
              f"- trials: {len(trials)} told ({sum(1 for t in trials if t.user_attrs.get('launched', True))} "
              f"launched), {len(ranked)} feasible",
              f"- pre-launch argument checks: {study.user_attrs.get(PREVALIDATION_ATTR) or 'not recorded'}",
@@ -242,6 +250,13 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                          [[t.number, f"{t.value:.2f}" if t.value is not None else "",
                            ", ".join(f for f in ("saturated", "starved") if t.user_attrs.get(f"client_{f}"))]
                           for t in client_flagged]), ""]
+    knees = _knee_rows(study_obj, trials)
+    if knees:
+        lines += ["## The ladder through each launch's knee", "",
+                  "Each launch's ladder is sized from its own predicted KV knee; its top step must show "
+                  "saturation in the server's own counters (KV near full, preemptions, or a full batch with a "
+                  "queue: `tuner/load/knee.py`).", "",
+                  _table(["trial", "ladder top", "predicted knee", "shown"], knees), ""]
     lines += _energy_section(trials)
     counts = failure_counts(study)
     lines += ["## Failures", "", _table(["class", "trials"], [[k, v] for k, v in counts.items()]) if counts
@@ -253,6 +268,20 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                          [[t.number, t.user_attrs.get("failure_class", ""),
                            str(t.user_attrs.get("reason", ""))[:200]] for t in failed]), ""]
     return "\n".join(lines) + "\n"
+
+
+def _knee_rows(study_obj: Study, trials: list[FrozenTrial]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for t in trials:
+        path = study_obj.path / str(t.user_attrs.get("trial_dir", "")) / "outcome.json"
+        if not t.user_attrs.get("trial_dir") or not path.is_file():
+            continue
+        summary = store.read_json(path).get("summary") or {}
+        if summary.get("knee_shown") is None:
+            continue
+        rows.append([t.number, summary.get("knee_top_concurrency"), summary.get("knee_predicted"),
+                     "yes" if summary["knee_shown"] else "**NO**: the ladder did not reach saturation"])
+    return rows
 
 
 def markdown_to_html(markdown: str, title: str) -> str:

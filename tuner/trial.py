@@ -18,6 +18,7 @@ that never became ready, a number for a server that died serving.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -30,7 +31,7 @@ import httpx
 
 from tuner import store
 from tuner.engines import Engine, LaunchSpec, ServerProcess, choose_port, default_engine, tail
-from tuner.errors import LaunchError, PortInUseError
+from tuner.errors import LaunchError, PortInUseError, UsageError
 from tuner.failures import Diagnosis, FailureClass, describe_returncode
 from tuner.guards.api import GuardSuite, GuardTarget, NoGuards
 from tuner.load.affinity import CpuSplit, pinned
@@ -39,6 +40,7 @@ from tuner.load.ladder import Measurement, measure
 from tuner.load.metrics import parse_prometheus
 from tuner.load.poller import Poller
 from tuner.load.power import PowerReader
+from tuner.load.units import Units
 from tuner.objective import Objective, Score, failed_score, score
 from tuner.search.space import ServeConfig
 
@@ -70,6 +72,9 @@ class TrialContext:
     """Server cores and client cores, kept apart (``None``: both use the whole host)."""
     power: PowerReader | None = None
     """Reads the node's GPU power during each window (``None``: no GPU here; no energy figures)."""
+    knee: Callable[[ServeConfig], int] | None = None
+    """A configuration's predicted KV knee (node concurrency), for an objective whose ladder is stepped
+    relative to it (``knee_fractions``); the study sets it from the feasibility model."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +175,6 @@ def _crash(ctx: TrialContext, server: ServerProcess, ready_offset: int, seen: Fa
                            "ready names no cause")
 
 
-
 def _scrape(server: ServerProcess, path: str) -> dict[Any, float]:
     try:
         resp = httpx.get(server.base_url + path, timeout=10.0, headers=server.headers)
@@ -197,17 +201,25 @@ def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, started: float,
     outcome = TrialOutcome(
         ok=ok, value=score_.value, constraints=score_.constraints, failure_class=failure_class,
         reason=reason, summary=dict(summary or {}), server_metrics=dict(server_metrics or {}),
-        ready_s=ready_s, duration_s=time.monotonic() - started, trial_dir=str(tdir), config_key=config.key(),
+        # Node seconds, as the study clock counts (the engine's time scale; one to one on a real node).
+        ready_s=None if ready_s is None else ctx.engine.units.node_seconds(ready_s),
+        duration_s=ctx.engine.units.node_seconds(time.monotonic() - started), trial_dir=str(tdir),
+        config_key=config.key(),
         repeat_values=repeat_values, log_tail=log_tail[-LOG_TAIL_CHARS:], kv_cache_tokens=kv_cache_tokens)
     store.write_json(tdir / "outcome.json", outcome.to_json())
     return outcome
 
 
-def _with_goodput(objective: Objective, run: Measurement) -> dict[str, Any]:
+def _with_goodput(objective: Objective, run: Measurement, units: Units) -> dict[str, Any]:
+    """The chosen step's summary, with its goodput (node units) and, for a knee-sized ladder, the knee's verdict."""
     summary = dict(run.summary)
     if objective.goodput_slos and run.steps:
         chosen = run.steps[run.chosen if run.chosen is not None else -1]
-        summary["request_goodput"] = request_goodput(chosen.result, objective.goodput_slos)
+        summary["request_goodput"] = request_goodput(chosen.result, objective.goodput_slos, units)
+    if run.knee is not None:
+        summary["knee_predicted"] = run.knee.predicted
+        summary["knee_top_concurrency"] = run.knee.top_concurrency
+        summary["knee_shown"] = run.knee.shown
     return summary
 
 
@@ -235,6 +247,14 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
     started = time.monotonic()
     phase = on_phase or (lambda _p: None)
     tdir.mkdir(parents=True, exist_ok=True)
+    knee: int | None = None
+    if ctx.objective.knee_relative:  # this launch's own ladder, through its own predicted knee
+        if ctx.knee is None:
+            raise UsageError(f"objective {ctx.objective.name!r} steps its ladder by the KV knee, and this study "
+                             "cannot predict one. Fix: give the study a catalogued --checkpoint, or an objective "
+                             "file whose ladder gives explicit steps")
+        knee = ctx.knee(config)
+        ctx = dataclasses.replace(ctx, objective=ctx.objective.for_knee(knee))
     api_key = secrets.token_urlsafe(24)
     port = choose_port(ctx.host, ctx.port)
     argv = launch_argv(ctx, config, port=port)
@@ -265,7 +285,8 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
             log.info("server ready in %.1f s (KV cache: %s tokens per rank)", ready_s, kv_tokens)
             phase("guards")
             guard_report = ctx.guards.run(GuardTarget(
-                base_url=server.base_url, headers=server.headers, model=ctx.served_model_name, trial_dir=tdir,
+                base_url=server.base_url, headers={**server.headers, **ctx.engine.probe_headers},
+                model=ctx.served_model_name, trial_dir=tdir,
                 study_dir=tdir.parent.parent, params=config.params, args=config.args,
                 is_speculative=config.is_speculative,
                 control_key=config.control().key() if config.is_speculative else None, kv_cache_tokens=kv_tokens))
@@ -294,14 +315,15 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                     run = measure(server.base_url, ctx.served_model_name, ctx.objective,
                                   vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
                                   scrape=lambda: _scrape(server, ctx.engine.metrics_path), power=ctx.power,
-                                  server_metrics=ctx.engine.metrics, first_job=next_job)
+                                  server_metrics=ctx.engine.metrics, first_job=next_job,
+                                  units=ctx.engine.units, knee=knee)
                     next_job = run.next_job
                     runs.append(run)
                     if run.stopped:
                         break
             if not (should_stop and should_stop()):
                 watch.settle()  # the load can end before the poll sees a server that died under it
-            summaries = [_with_goodput(ctx.objective, run) for run in runs]
+            summaries = [_with_goodput(ctx.objective, run, ctx.engine.units) for run in runs]
             scores = [score(ctx.objective, s) for s in summaries]
             middle = _median_index([sc.value for sc in scores])
             measurement, summary = runs[middle], summaries[middle]

@@ -130,9 +130,10 @@ def test_the_prior_picks_are_diverse_and_rank_dp_ep_with_humming_first(gh200: tu
     _, table = gh200
     predictor = Predictor(table, ObjectiveModel.from_objective(_objective()), pool_draws=2)  # type: ignore[arg-type]
     picks = predictor.diverse_top(3)
-    classes = {(table.params[p]["topology"], table.params[p].get("moe-backend"),  # type: ignore[attr-defined]
-                table.params[p].get("all2all-backend")) for p in picks}
-    assert len(classes) == 3
+    params = [table.params[p] for p in picks]  # type: ignore[attr-defined]
+    classes = {(q["topology"], {"auto": "marlin"}.get(str(q.get("moe-backend")), q.get("moe-backend")),
+                q.get("all2all-backend"), q.get("speculative.draft_tokens", 0) > 0) for q in params}
+    assert len(classes) == 3  # no two of one topology, kernel, all2all and speculation setting
     best = predictor.ranking(top=1)[0]
     assert best.params["topology"] == "dp4-ep" and best.params["moe-backend"] == "humming"
     # the blog's numbers, as the prior predicts them at c2048: TP4 < DP4 + EP < DP4 + EP + Humming

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tuner.study import StudyRecord
 
 __all__ = ["count", "install_signal_handlers", "parse_duration", "parse_guards", "parse_slos", "positive_int",
-           "record_from_args"]
+           "record_from_args", "with_engine"]
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 
@@ -92,19 +92,45 @@ def install_signal_handlers() -> None:
 
 def record_from_args(args: argparse.Namespace) -> StudyRecord:
     """The study record a `run` command line asks for (shared by the local and Ray backends)."""
-    from tuner.engines import default_engine  # the study and its Optuna load only for the commands that run one
+    from tuner.engines import DEFAULT_ENGINE  # the study and its Optuna load only for the commands that run one
+    from tuner.engines.registry import engine_class
+    from tuner.engines.vllm import DEFAULT_VLLM_CMD
     from tuner.study import ConfirmSpec, new_record, resolve_model
 
     budget_s = parse_duration(args.budget) if args.budget else None
+    engine = getattr(args, "engine", None) or DEFAULT_ENGINE
+    # --vllm-cmd's default is vLLM's; another engine runs its own program unless one is given.
+    vllm_cmd = engine_class(engine).default_command if args.vllm_cmd in (None, DEFAULT_VLLM_CMD) else args.vllm_cmd
     record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
-                        vllm_cmd=args.vllm_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
+                        vllm_cmd=vllm_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
                         seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
                         guards=parse_guards(args.guards), checkpoint=args.checkpoint,
                         prevalidate=args.prevalidate,
                         confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats),
                         sampler=args.sampler, gpu_hour_usd=getattr(args, "gpu_hour_usd", None))
-    default_engine().resolve_command(record.vllm_cmd)
+    if engine != DEFAULT_ENGINE:
+        record = with_engine(record, engine, args)
+    engine_class(engine)().resolve_command(record.vllm_cmd)
     resolve_model(record.model, args.runs_dir)
     if record.trials is None and record.budget_s is None:
         raise UsageError("give --trials N or --budget DURATION (or both), so the study knows when to stop")
     return record
+
+
+def with_engine(record: StudyRecord, engine: str, args: argparse.Namespace) -> StudyRecord:
+    """``record`` served by ``engine``, with the options the engine sizes for this night (the emulated
+    node's units: ``--time-scale``, ``--multiplicity`` and ``--truth-seed`` win over its own choice)."""
+    from tuner.engines.registry import engine_options
+    from tuner.search import bind_checkpoint, load_checkpoint, load_profile
+    from tuner.search.envelope import objective_for
+
+    profile = load_profile(record.hw)
+    name = record.checkpoint or profile.server.checkpoint
+    checkpoint = load_checkpoint(name) if name else None
+    if checkpoint is not None:
+        profile = bind_checkpoint(profile, checkpoint)
+    objective = objective_for(profile, record.objective, record.slo_overrides)
+    given = {key: getattr(args, key, None) for key in ("time_scale", "startup_time_scale", "multiplicity",
+                                                         "truth_seed")}
+    options = engine_options(engine, profile, checkpoint, objective, **given)
+    return record.model_copy(update={"engine": engine, "engine_options": options})

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import catalog
-from tuner.cli import scaleout
+from tuner.cli import rehearse, scaleout
 from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, record_from_args
 from tuner.engines import default_engine
 from tuner.errors import (
@@ -33,12 +33,13 @@ from tuner.errors import (
 
 if TYPE_CHECKING:
     from tuner.study import Progress, Study
+    from tuner.study.clock import StudyClock
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)  # errors go to stderr
 SCALEOUT: dict[str, scaleout.Command] = {}
 SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report", "worker",
-               "verify"}
+               "verify", "rehearse"}
 EXIT_UNCONFIRMED = 3
 """Exit code when the study found feasible trials but confirmed none (and --accept-unconfirmed was not given)."""
 HW_HELP = "hardware profile: a name in search_spaces/ (see `dsv4-tune list`) or a YAML path"
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "'none' for no gates")
     _add_runs_dir(run)
     scaleout.add_run_args(run)
+    rehearse.add_engine_args(run)
 
     resume = sub.add_parser("resume", help="continue a stopped study")
     resume.add_argument("name")
@@ -129,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("dir", type=Path)
     demo.add_argument("--seed", type=int, default=0)
     SCALEOUT.update(scaleout.add_commands(sub))
+    rehearse.add_command(sub)
     return parser
 
 
@@ -142,31 +145,41 @@ def _add_runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where studies live (default ./runs)")
 
 
-def _progress_printer(start: float) -> Callable[[Progress], None]:
+def _progress_printer(start: float, clock: StudyClock | None = None) -> Callable[[Progress], None]:
+    """Progress lines; with a node clock that runs faster than the wall (the emulated node), times are node time."""
     last: dict[str, object] = {}
+    node = clock is not None and clock.time_scale != 1.0
+    unit = "node min" if node else "min"
+    origin = clock.now() if clock is not None else start
 
     def show(p: Progress) -> None:
         state = (p.stage, p.trial_number, p.phase, p.launched, p.controls, p.repeat)
         if last.get("state") == state:
             return
         last["state"] = state
-        elapsed = f"{(time.time() - start) / 60:.1f} min"
+        now = clock.now() if clock is not None else time.time()
+        elapsed = f"{(now - origin) / 60:.1f} {unit}"
         if (p.last and p.phase in ("done",)) or (p.phase == "launch" and p.events):
             console.print(f"  {p.events[-1]}" if p.events else "")
-        console.print(f"[bold]{p.study}[/] {p.describe()} · {elapsed} elapsed")
+        console.print(f"[bold]{p.study}[/] {p.describe(unit)} · {elapsed} elapsed")
 
     return show
 
 
 def _run_study(study: Study, args: argparse.Namespace) -> int:
     from tuner.export import export_best
+    from tuner.night import write_night
     from tuner.report import write_report
 
     install_signal_handlers()
     console.print(f"study [bold]{study.record.name}[/] in {study.path}")
+    engine_line = rehearse.describe_engine(study)
+    if engine_line:
+        console.print(f"[yellow]{engine_line}[/]")
     stalled: SearchStalledError | None = None
+    started = time.monotonic()
     try:
-        optuna_study = study.run(on_progress=_progress_printer(time.time()))
+        optuna_study = study.run(on_progress=_progress_printer(time.time(), study.clock))
     except KeyboardInterrupt:
         console.print(f"[yellow]stopped.[/] finished trials are kept; continue with "
                       f"`dsv4-tune resume {study.record.name}`")
@@ -176,6 +189,7 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
         optuna_study = study.optuna_study()
     report = write_report(study, optuna_study)
     console.print(f"report: {report}")
+    write_night(study, wall_s=time.monotonic() - started)
     if stalled is not None:
         err_console.print(f"[red]error:[/] {stalled}", markup=True, highlight=False)
     winner = study.winner(optuna_study)
@@ -330,7 +344,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return SCALEOUT["worker"](args)
 
 
-COMMANDS = {"worker": cmd_worker, "run": cmd_run, "resume": cmd_resume, "export": cmd_export, "status": cmd_status,
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    return rehearse.cmd_rehearse(args, console, _run_study)
+
+
+COMMANDS = {"rehearse": cmd_rehearse,
+            "worker": cmd_worker, "run": cmd_run, "resume": cmd_resume, "export": cmd_export, "status": cmd_status,
             "list": cmd_list, "plan": cmd_plan, "demo-model": cmd_demo_model, "report": cmd_report,
             "verify": cmd_verify}
 

@@ -20,7 +20,9 @@ What an engine answers:
   (``is_startup_progress``: the start-up watchdog's clock), why a server that was serving died
   (``diagnose_crash``), and the KV capacity it allocated (``kv_tokens_from_log``);
 - argument validation: whether its own parser is at hand (``can_validate``), and what it finds
-  wrong with a launch's options (``validate``), before any launch.
+  wrong with a launch's options (``validate``), before any launch;
+- units: how what the tuner's client measures maps to the node (``units``; the identity for a real
+  server, a time scale and a request multiplicity for the emulated node: ``docs/emulator.md``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Protocol
 from tuner.failures import Diagnosis
 from tuner.load.affinity import CpuSplit
 from tuner.load.metrics import ServerMetrics
+from tuner.load.units import Units
 
 __all__ = ["Engine"]
 
@@ -78,6 +81,15 @@ class Engine(Protocol):
     @property
     def startup_log_bytes(self) -> int:
         """How much of the end of a failed start's log :meth:`diagnose_startup` reads."""
+
+    @property
+    def units(self) -> Units:
+        """How the client's measurements map to the node's (:data:`tuner.load.units.IDENTITY` for a real
+        server); the study's clock runs at ``units.time_scale`` node seconds per real second."""
+
+    @property
+    def probe_headers(self) -> dict[str, str]:
+        """Headers the correctness gates add to their requests (the emulated node: one request, not M)."""
 
     # -- argv ----------------------------------------------------------------------------------------
     def resolve_command(self, command: str) -> list[str]:

@@ -13,9 +13,11 @@ of one group of the model's constants:
 
 A factor of 1.2 means that part of the node ran 20 % faster than the model said (for a cost, 20 %
 cheaper). The fit is a regularised least squares in log space (each factor's prior: log-normal,
-sd :data:`PRIOR_SD`, the spread a mis-calibrated model shows), by Gauss–Newton on the wave model
-(:mod:`tuner.predict.fluid`); its Laplace covariance gives the posterior draws the search and the
-stop estimate use. Pure numpy; a refit over a night's launches takes well under a second.
+sd :data:`PRIOR_SD`, the spread a mis-calibrated model shows), robust (Huber) so that one launch the
+model cannot explain does not drag every factor, and bounded (:data:`THETA_BOUND`); solved by
+Gauss–Newton on the wave model (:mod:`tuner.predict.fluid`). Its Laplace covariance gives the
+posterior draws the search and the stop estimate use. Pure numpy; a refit over a night's launches
+takes well under a second.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ FIGURE_SD = {"output_tok_s": 0.05, "itl_p95_ms": 0.12, "ttft_p95_ms": 0.25}
 """Log-space sd of one measured figure around the model: launch noise plus what the wave model
 cannot tell (its agreement with the scheduler, docs/search.md)."""
 _FRACTION_CAP = 0.95
+HUBER_K = 2.0
+"""Residuals (in sd) past this count linearly: one launch the model cannot explain does not drag every factor."""
+THETA_BOUND = 1.2
+"""No factor moves further than e^±1.2 (×0.30 to ×3.3): past that the model is not mis-calibrated but wrong."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,20 @@ def fit(phys: Physics, base: Coefficients, model: ObjectiveModel, observations: 
         # Latencies answer to costs with the opposite sign; both enter as log ratios.
         return np.concatenate([r[mask], theta / prior_sd])
 
+    n_data = int(mask.sum())
+
+    def weights(r: np.ndarray) -> np.ndarray:
+        """Huber weights on the data part (a measurement far off the model counts linearly, not squared)."""
+        w = np.ones(r.size)
+        data = np.abs(r[:n_data])
+        w[:n_data] = np.where(data <= HUBER_K, 1.0, HUBER_K / np.maximum(data, 1e-12))
+        return w
+
+    def loss(r: np.ndarray) -> float:
+        data = np.abs(r[:n_data])
+        huber = np.where(data <= HUBER_K, 0.5 * data ** 2, HUBER_K * data - 0.5 * HUBER_K ** 2)
+        return float(huber.sum() + 0.5 * (r[n_data:] ** 2).sum())
+
     theta = np.zeros(n)
     r = residuals(theta)
     rms_before = _rms_throughput(r, mask, sd)
@@ -186,14 +206,16 @@ def fit(phys: Physics, base: Coefficients, model: ObjectiveModel, observations: 
             step = theta.copy()
             step[j] += h
             jac[:, j] = (residuals(step) - r) / h
-        grad = jac.T @ r
-        hess = jac.T @ jac
+        w = weights(r)
+        grad = jac.T @ (w * r)
+        hess = jac.T @ (w[:, None] * jac)
         improved = False
+        delta = np.zeros(n)
         for _try in range(6):
             delta = np.linalg.solve(hess + lam * np.diag(np.diag(hess) + 1e-9), -grad)
-            candidate = theta + delta
+            candidate = np.clip(theta + delta, -THETA_BOUND, THETA_BOUND)
             r_new = residuals(candidate)
-            if r_new @ r_new < r @ r:
+            if loss(r_new) < loss(r):
                 theta, r = candidate, r_new
                 lam = max(lam / 3.0, 1e-6)
                 improved = True
@@ -201,7 +223,8 @@ def fit(phys: Physics, base: Coefficients, model: ObjectiveModel, observations: 
             lam *= 5.0
         if not improved or float(np.max(np.abs(delta))) < 1e-3:
             break
-    cov = np.linalg.inv(jac.T @ jac + 1e-9 * np.eye(n))
+    w = weights(r)
+    cov = np.linalg.inv(jac.T @ (w[:, None] * jac) + 1e-9 * np.eye(n))
     return Correction(factors=factors, theta=theta, cov=cov, observations=len(usable), rms_before=rms_before,
                       rms_after=_rms_throughput(r, mask, sd))
 

@@ -152,9 +152,11 @@ def wave_bench(phys: Physics, ca: CoefficientArrays, shape: Shape) -> WaveFigure
     later_waves = np.maximum(waves - 1.0, 0.0)
     # DP engines run in lock-step: a step is slow when any engine prefills. Without speculation the
     # engines stay in step with each other; with it their finishes (and prefills) fall apart.
-    steps_per_wave = 1.0 + decode_steps
-    frac = np.clip(per_engine / steps_per_wave, 0.0, 1.0)
-    node_mixed = np.where((k > 0) & (dp > 1), steps_per_wave * (1.0 - (1.0 - frac) ** dp), per_engine)
+    # An engine's later-wave prefills fall in the window its finishes spread over; the node's mixed steps
+    # are the union of the engines' over that window.
+    span = np.minimum(np.maximum(window, per_engine), 1.0 + decode_steps)
+    frac = np.clip(per_engine / span, 0.0, 1.0)
+    node_mixed = np.where((k > 0) & (dp > 1), span * (1.0 - (1.0 - frac) ** dp), per_engine)
     node_mixed = np.maximum(node_mixed, per_engine)
     prefilling = np.clip(dp * per_engine / node_mixed, 1.0, dp)
     later_mixed = node_mixed
@@ -206,7 +208,8 @@ GROUPS_PER_ENGINE = 48
 def multiplicity_array(shape: Shape, phys: Physics) -> np.ndarray:
     """Requests per simulated stream, as :func:`tuner.engines.emulated.predict` groups them."""
     conc = np.asarray(shape.concurrency, dtype=np.float64)
-    return np.asarray(np.maximum(1.0, np.ceil(conc / (GROUPS_PER_ENGINE * phys.dp.astype(np.float64)))), dtype=np.float64)
+    groups = np.ceil(conc / (GROUPS_PER_ENGINE * phys.dp.astype(np.float64)))
+    return np.asarray(np.maximum(1.0, groups), dtype=np.float64)
 
 
 def _tokens_variance(phys: Physics, ca: CoefficientArrays, tau: np.ndarray) -> np.ndarray:

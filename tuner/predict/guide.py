@@ -36,11 +36,14 @@ from tuner.predict.steptime import coefficient_arrays
 from tuner.predict.surface import SLO_FIGURES, ObjectiveModel, Surface, evaluate
 from tuner.predict.table import SpaceTable
 from tuner.search.profile import DRAFT_TOKENS_PARAM, TOPOLOGY_PARAM, Scalar
+from tuner.search.space import build_config
 
 __all__ = ["NUMERICS_LEVERS", "Choice", "Guide", "Predictor", "Ranked"]
 
 START_FAILURES = frozenset({"bad_flag", "oom", "timeout", "hang", "crash", "nccl", "assertion"})
 """Failure classes of a launch that never became ready because of its flags (``tuner.failures``)."""
+SPECULATION_MARGIN = 0.10
+"""A prior pick speculates only when predicted this much better than its class's best without speculation."""
 NUMERICS_LEVERS = ("moe-backend", "all2all-backend", "kv-cache-dtype", "quantization", "dtype", DRAFT_TOKENS_PARAM)
 """Levers that change what the model computes: a failed correctness gate is blamed on these alone."""
 
@@ -71,7 +74,7 @@ def _class_key(table: SpaceTable, row: int) -> tuple[object, ...]:
     cfg = table.physics.configs[row]
     phys = table.physics
     return (cfg.topology_name, phys.moe_field[row], cfg.all2all_backend if cfg.dp > 1 else "", cfg.eplb,
-            int(phys.spec_k[row]))
+            bool(phys.spec_k[row] > 0))
 
 
 class Predictor:
@@ -114,6 +117,15 @@ class Predictor:
             if row >= 0 and int(row) in self.row_to_pool:
                 self.points_of_row.setdefault(int(row), []).append(point)
         self.codes = _encode(table)
+        # A speculative point launches its no-speculation control first (the study's rule): its twin.
+        self.control_of: dict[int, int] = {}
+        for points in self.points_of_row.values():
+            for point in points:
+                params = table.params[point]
+                if int(params.get(DRAFT_TOKENS_PARAM, 0) or 0) > 0:
+                    twin = table.index_of.get(build_config(table.profile, {**params, DRAFT_TOKENS_PARAM: 0}).key())
+                    if twin is not None:
+                        self.control_of[point] = twin
 
     # -- the model on rows ---------------------------------------------------------------------------
     def surface_all(self, coeffs: Coefficients) -> Surface:
@@ -165,20 +177,37 @@ class Predictor:
         return float(good.mean()) if len(good) else 0.0
 
     def diverse_top(self, k: int, exclude: Sequence[int] = ()) -> list[int]:
-        """The ``k`` best points under the prior, no two of one structural class, none of ``exclude``'s classes."""
+        """The ``k`` best points under the prior, no two of one topology, MoE kernel and all2all.
+
+        Within a class the best configuration without speculation is taken unless a speculative one is
+        predicted :data:`SPECULATION_MARGIN` better: a speculative launch costs its control's launch too.
+        """
         s = self.prior_surface
         score = np.where(self.usable(s, self.base), s.value, -1.0)
-        taken = {_class_key(self.table, int(self.table.phys_of[p])) for p in exclude if self.table.phys_of[p] >= 0}
-        out: list[int] = []
+        phys = self.table.physics
+
+        def base_key(row: int) -> tuple[object, ...]:
+            return _class_key(self.table, row)[:-1]
+
+        best: dict[tuple[object, ...], dict[bool, int]] = {}
         for row in np.argsort(-score):
-            if len(out) >= k or score[row] <= 0:
+            if score[row] <= 0:
                 break
-            key = _class_key(self.table, int(row))
+            per = best.setdefault(base_key(int(row)), {})
+            per.setdefault(bool(phys.spec_k[row] > 0), int(row))
+        taken = {base_key(int(self.table.phys_of[p])) for p in exclude if self.table.phys_of[p] >= 0}
+        chosen: list[tuple[float, int]] = []
+        for key, per in best.items():
             if key in taken:
                 continue
-            taken.add(key)
-            out.append(int(np.flatnonzero(self.table.phys_of == row)[0]))
-        return out
+            plain, spec = per.get(False), per.get(True)
+            row = plain if plain is not None else spec
+            if spec is not None and plain is not None and score[spec] > score[plain] * (1.0 + SPECULATION_MARGIN):
+                row = spec
+            assert row is not None
+            chosen.append((float(score[row]), row))
+        chosen.sort(reverse=True)
+        return [int(np.flatnonzero(self.table.phys_of == row)[0]) for _, row in chosen[:k]]
 
 
 def _encode(table: SpaceTable) -> np.ndarray:
@@ -228,6 +257,8 @@ class Guide:
     seed: int = 0
     residual_sd: float = 0.10
     residual_length: float = 2.0
+    learn: bool = True
+    """False: never refit (the prior's ranking alone, with the failure memory; an ablation for the benchmark)."""
     launches: list[_Launch] = field(default_factory=list)
     correction: Correction | None = None
     _rng: np.random.Generator = field(init=False)
@@ -267,7 +298,8 @@ class Guide:
             return self.correction
         p = self.predictor
         obs = [launch.observation for launch in self.launches if launch.observation is not None]
-        self.correction = fit(p.table.physics, p.base, p.objective, obs, p.factors)
+        self.correction = (fit(p.table.physics, p.base, p.objective, obs, p.factors) if self.learn
+                           else Correction.none(p.factors))
         self._fitted = True
         return self.correction
 
@@ -278,7 +310,7 @@ class Guide:
         """GP posterior (mean, sd) of log(measured / corrected) throughput at ``rows_points`` (point indices)."""
         p = self.predictor
         obs = [(launch.point, launch.observation) for launch in self.launches if launch.observation is not None]
-        if not obs:
+        if not obs or not self.learn:
             return np.zeros(rows_points.size), np.full(rows_points.size, self.residual_sd)
         coeffs = self.coefficients()
         rows = np.array([o.row for _, o in obs])
@@ -287,7 +319,9 @@ class Guide:
         predicted = wave_bench(sub, coefficient_arrays(sub, coeffs), p.objective.shape(conc)).output_tok_s
         y = np.log(np.array([o.output_tok_s for _, o in obs], dtype=np.float64) / np.maximum(predicted, 1e-9))
         x_obs = p.codes[[pt for pt, _ in obs]]
-        s2, noise2 = self.residual_sd ** 2, self.noise_sd ** 2 + 0.02 ** 2
+        # The residual's prior sd: at least what the corrected model still misses on the launches so far.
+        spread = max(self.residual_sd, self.refit().rms_after)
+        s2, noise2 = spread ** 2, self.noise_sd ** 2 + 0.02 ** 2
 
         def kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             d = (a[:, None, :] != b[None, :, :]).sum(axis=2)
@@ -376,6 +410,11 @@ class Guide:
         ei = np.maximum(samples - best, 0.0).mean(axis=0) * (1.0 - p_fail)
         expected = values.mean(axis=0) * np.exp(mean_r) * (1.0 - p_fail)
         blocked = np.array([pt in self.launched_points or pt in set(exclude) for pt in points])
+        # Improvement per launch: a speculative point whose control has not run costs two.
+        launched = self.launched_points
+        cost = np.array([2.0 if (pt in self.predictor.control_of and self.predictor.control_of[pt] not in launched)
+                         else 1.0 for pt in points])
+        ei = ei / cost
         ei = np.where(blocked, -1.0, ei)
         expected = np.where(blocked, -1.0, expected)
         pick = int(np.argmax(ei)) if ei.max() > 0 else int(np.argmax(expected))
@@ -383,6 +422,10 @@ class Guide:
             return None
         return Choice(point=int(points[pick]), predicted=float(values[0, pick] * math.exp(mean_r[pick])),
                       expected_improvement=float(max(ei[pick], 0.0)), p_fail=float(p_fail[pick]))
+
+    def p_fail_of(self, point: int) -> float:
+        """The failure memory's chance that ``point`` fails as a launched neighbour did."""
+        return float(self._p_fail(np.array([point], dtype=np.int64))[0])
 
     def chance_to_beat(self) -> float:
         """P(an untried point beats the best measured value by more than 2 × the noise), over model draws."""

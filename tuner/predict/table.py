@@ -156,7 +156,8 @@ def _physics(node: NodeSpec, profile: HardwareProfile, checkpoint: Checkpoint,
     groups: dict[tuple[int, ...], int] = {}
     rows: dict[str, list[Any]] = {k: [] for k in (
         "tp", "dp", "world", "ep", "eplb", "spec_k", "spec_method", "draft_params", "mtp", "eager", "mode_full",
-        "mode_piecewise", "max_capture", "capture_group", "moe_field", "moe_math", "moe_peak_flop_s", "a2a_backend", "a2a_sparse",
+        "mode_piecewise", "max_capture", "capture_group", "moe_field", "moe_math", "moe_peak_flop_s", "a2a_backend",
+        "a2a_sparse",
         "custom_allreduce", "api_servers", "routed_bytes", "non_expert_bytes", "draft_bytes", "weights_bytes",
         "kv_budget_bytes", "kv_bytes_per_token", "block_size", "max_model_len", "max_num_seqs",
         "max_batched_tokens", "chunked_prefill", "knee")}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from tuner.failures import FailureClass
 from tuner.objective import Objective
 from tuner.search.profile import HardwareProfile
 from tuner.search.space import ServeConfig, build_config
+from tuner.study.clock import WALL, StudyClock
 from tuner.study.progress import Progress, phase_reporter
 from tuner.study.ranking import best_feasible_trial, feasible_trials
 from tuner.trial import TrialContext, TrialOutcome
@@ -234,7 +234,7 @@ class ConfirmationPhase:
 
     def run(self, study: optuna.Study, ctx: TrialContext, run_trial: RunTrial, progress: Progress,
             on_progress: Callable[[Progress], None], should_stop: Callable[[], bool],
-            deadline: float | None = None) -> None:
+            deadline: float | None = None, clock: StudyClock = WALL) -> None:
         if self.spec.top_k == 0:
             return
         per_candidate_s = self.reserve_s(study) / (self.spec.top_k * 1.5)
@@ -244,7 +244,7 @@ class ConfirmationPhase:
         for number, config, control_of in todo:
             if should_stop():
                 continue
-            if deadline is not None and time.time() + per_candidate_s > deadline:
+            if deadline is not None and clock.now() + per_candidate_s > deadline:
                 progress.events.append(f"no time left to confirm trial {number}; its result stays unconfirmed")
                 progress.confirm_planned -= 1
                 on_progress(progress)

@@ -78,27 +78,46 @@ class GuidedSearch:
         return self.predictor.table.index_of.get(key)
 
     def enqueue_prior(self, ostudy: optuna.Study) -> list[int]:
-        """Queue the model's top few (once per study), after whatever is queued (the baselines)."""
-        if ostudy.user_attrs.get("prior_enqueued"):
+        """Choose the model's top few (once per study); they are asked after the baselines, one at a time.
+
+        Recorded in the study (``prior_picks``), so a resumed or shared study takes the same ones.
+        :meth:`before_ask` queues each when nothing else is queued, unless a launch since has shown it
+        would fail the same way (the failure memory): then the corrected model chooses instead.
+        """
+        if ostudy.user_attrs.get("prior_picks") is not None:
             return []
-        ostudy.set_user_attr("prior_enqueued", True)
         baselines = [p for p in (self.point_of(b.values) for b in self.profile.baselines) if p is not None]
-        picks = self.predictor.diverse_top(PRIOR_PICKS, exclude=())
-        picks = [p for p in picks if p not in baselines][:PRIOR_PICKS]
-        ranked = {r.point: r for r in self.predictor.ranking(top=200)}
-        for rank, point in enumerate(picks, start=1):
-            predicted = ranked[point].value if point in ranked else None
-            ostudy.enqueue_trial(dict(self.predictor.table.params[point]),
-                                 user_attrs={"prior_rank": rank, "predicted_value": predicted},
-                                 skip_if_exists=True)
-        log.info("prior: queued %d configuration(s) predicted best, after the baselines", len(picks))
+        picks = [p for p in self.predictor.diverse_top(PRIOR_PICKS + len(baselines)) if p not in baselines]
+        picks = picks[:PRIOR_PICKS]
+        ostudy.set_user_attr("prior_picks", [dict(self.predictor.table.params[p]) for p in picks])
+        log.info("prior: %d configuration(s) predicted best, to follow the baselines", len(picks))
         return picks
 
+    def _next_prior_pick(self, ostudy: optuna.Study) -> tuple[int, int] | None:
+        """(rank, point) of the first prior pick not asked yet and not likely to fail; None when none is left."""
+        asked = {self.point_of(t.params) for t in ostudy.get_trials(deepcopy=False)}
+        for rank, params in enumerate(ostudy.user_attrs.get("prior_picks") or [], start=1):
+            point = self.point_of(params)
+            if point is None or point in asked:
+                continue
+            if self.guide.p_fail_of(point) > 0.5:
+                log.info("prior: pick %d skipped, a launch since failed the same way", rank)
+                continue
+            return rank, point
+        return None
+
     def before_ask(self, ostudy: optuna.Study) -> int | None:
-        """Queue the corrected model's next proposal when nothing else is queued; its point, or None."""
+        """Queue the next prior pick, else the corrected model's proposal, when nothing is queued; its point."""
         if ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return None
         self.catch_up(ostudy)
+        pick = self._next_prior_pick(ostudy)
+        if pick is not None:
+            rank, point = pick
+            ostudy.enqueue_trial(dict(self.predictor.table.params[point]),
+                                 user_attrs={"prior_rank": rank,
+                                             "predicted_value": self.predictor.prior_value(point)})
+            return point
         exclude = [p for p in (self.point_of(t.params) for t in ostudy.get_trials(
             deepcopy=False, states=(TrialState.RUNNING,))) if p is not None]
         choice = self.guide.next_point(exclude)

@@ -11,12 +11,12 @@ raises that error, so the command fails with its reason after the morning's file
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import optuna
 
 from tuner.errors import SearchStalledError
+from tuner.study.clock import WALL, StudyClock
 from tuner.study.confirm import ConfirmationPhase
 from tuner.study.progress import Progress, phase_reporter
 from tuner.study.ranking import (
@@ -37,17 +37,19 @@ class LocalLoop:
     """Screening, then confirmation, of one study on this node (``Study.run`` builds and runs it)."""
 
     def __init__(self, step: TrialStep, record: StudyRecord, confirmation: ConfirmationPhase,
-                 first_trial_estimate_s: float) -> None:
+                 first_trial_estimate_s: float, clock: StudyClock = WALL) -> None:
         self.step = step
         self.record = record
         self.confirmation = confirmation
         self.first_trial_estimate_s = first_trial_estimate_s
+        self.clock = clock
+        """Node seconds: ``--budget``, the deadline and the trials' durations are on it."""
 
     def run(self, on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> optuna.Study:
         step, record, ostudy = self.step, self.record, self.step.ostudy
-        started = time.time()
+        started = self.clock.now()
         deadline = started + record.budget_s if record.budget_s else None
-        progress = Progress(study=record.name, target=record.trials, deadline=deadline)
+        progress = Progress(study=record.name, target=record.trials, deadline=deadline, clock=self.clock)
         launched = launched_keys(ostudy)
         progress.launched = len(launched_numbers(ostudy))
         progress.controls = len(launched_controls(ostudy))
@@ -60,7 +62,7 @@ class LocalLoop:
             # Keep time for confirmation, but never more than a third of the budget for it.
             reserve_s = min(self.confirmation.reserve_s(ostudy), (record.budget_s or 0.0) / 3)
             if deadline is not None and not time_for_another(ostudy, deadline, self.first_trial_estimate_s,
-                                                             reserve_s):
+                                                             reserve_s, now=self.clock.now()):
                 progress.last = "budget left is shorter than one trial; stopping"
                 break
             if should_stop():
@@ -74,7 +76,8 @@ class LocalLoop:
                 on_progress(progress)
                 break
         if not should_stop():
-            self.confirmation.run(ostudy, step.ctx, step.run_trial, progress, on_progress, should_stop, deadline)
+            self.confirmation.run(ostudy, step.ctx, step.run_trial, progress, on_progress, should_stop, deadline,
+                                  clock=self.clock)
         progress.phase = "done"
         progress.stage = "done"
         on_progress(progress)

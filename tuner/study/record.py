@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -19,8 +19,9 @@ from tuner import catalog
 from tuner.demo_model import build_demo_model
 from tuner.errors import StudyLockedError, UsageError
 from tuner.load.power import detect_power_reader, power_unavailable_reason
-from tuner.objective import ENERGY_METRICS, Objective, load_objective
+from tuner.objective import ENERGY_METRICS, Objective
 from tuner.search.checkpoints import load_checkpoint
+from tuner.search.envelope import objective_for
 from tuner.search.profile import bind_checkpoint, load_profile
 from tuner.study.confirm import ConfirmSpec
 
@@ -62,6 +63,13 @@ class StudyRecord(BaseModel):
     storage: str | None = None
     """Optuna storage URL; None = SQLite in the study folder. Never holds a password on disk: see
     :func:`tuner.backends.storage.resolve_storage_url`."""
+    engine: str = "vllm"
+    """The engine that serves the trials (``--engine``; :mod:`tuner.engines.registry`)."""
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    """What that engine was built with (the emulated node: time scale, multiplicity, truth), so a
+    resumed study runs the same engine."""
+    rehearsal: bool = False
+    """A rehearsal (``dsv4-tune rehearse``): the night on the emulated node, not evidence of a real one."""
     created_at: float = Field(default_factory=time.time)
 
 
@@ -126,12 +134,13 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
                guards: list[str] | None = None, storage: str | None = None, checkpoint: str | None = None,
                prevalidate: Literal["auto", "on", "off"] = "auto",
                confirm: ConfirmSpec | None = None, sampler: Literal["tpe", "gp", "random"] = "tpe",
-               gpu_hour_usd: float | None = None) -> StudyRecord:
+               gpu_hour_usd: float | None = None, engine: str = "vllm",
+               engine_options: dict[str, Any] | None = None, rehearsal: bool = False) -> StudyRecord:
     profile = load_profile(hw)
     checkpoint_name = checkpoint or profile.server.checkpoint
     if checkpoint_name:
         profile = bind_checkpoint(profile, load_checkpoint(checkpoint_name))
-    loaded_objective = load_objective(objective)
+    loaded_objective = objective_for(profile, objective)
     try:
         loaded_objective.with_slos(slo_overrides)
     except ValidationError as exc:
@@ -141,7 +150,8 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
     _check_energy_metric(loaded_objective, gpu_hour_usd)
     for guard in guards if guards is not None else loaded_objective.guards:
         catalog.resolve("guards", guard)
-    chosen_model = model or profile.server.model
+    # The model: --model, else the profile's, else the repository of the checkpoint the profile serves.
+    chosen_model = model or profile.server.model or (load_checkpoint(checkpoint_name).repo if checkpoint_name else None)
     if not chosen_model:
         raise UsageError(f"hardware profile {profile.name!r} names no default model. Fix: pass --model PATH_OR_ID")
     study_name = name or f"{profile.name}-{Path(objective).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -149,7 +159,8 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
                        port=port, trials=trials, budget_s=budget_s, seed=seed, slo_overrides=slo_overrides,
                        ready_timeout_s=ready_timeout_s, guards=guards, storage=storage, checkpoint=checkpoint,
                        prevalidate=prevalidate, confirm=confirm or ConfirmSpec(), sampler=sampler,
-                       gpu_hour_usd=gpu_hour_usd)
+                       gpu_hour_usd=gpu_hour_usd, engine=engine, engine_options=dict(engine_options or {}),
+                       rehearsal=rehearsal)
 
 
 def _check_energy_metric(objective: Objective, gpu_hour_usd: float | None) -> None:

@@ -8,6 +8,7 @@ drivers (:mod:`tuner.backends.worker`, :mod:`tuner.backends.ray`) take the same 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -17,15 +18,18 @@ from optuna.trial import TrialState
 
 from tuner import catalog, store
 from tuner.backends.storage import make_sampler, resolve_storage_url, sqlite_url
-from tuner.engines import Engine, default_engine, stop_orphans
+from tuner.engines import Engine, make_engine, stop_orphans
 from tuner.errors import StudyError, UsageError
 from tuner.guards import GuardSuite, NoGuards, load_suite
 from tuner.load.affinity import plan_cpu_split
 from tuner.load.power import detect_power_reader
 from tuner.objective import Objective, constraint_names, load_objective
 from tuner.search.checkpoints import Checkpoint, load_checkpoint
+from tuner.search.envelope import knee_of, objective_for
 from tuner.search.prelaunch import PreLaunch
 from tuner.search.profile import HardwareProfile, bind_checkpoint, load_profile, reference_requires
+from tuner.search.space import ServeConfig
+from tuner.study.clock import StudyClock
 from tuner.study.confirm import Confirmation, ConfirmationPhase, Winner
 from tuner.study.local import LocalLoop
 from tuner.study.progress import Progress
@@ -60,15 +64,24 @@ class Study:
         self.record = record
         self.runs_dir = runs_dir
         self.path = store.study_dir(runs_dir, record.name)
-        self.engine: Engine = default_engine()
         self.profile: HardwareProfile = self._snapshot_profile()
-        self.objective: Objective = self._snapshot_objective().with_slos(record.slo_overrides).with_price(
-            record.gpu_hour_usd)
+        # The objective at this node's workload scale (server.workload_scale), then --slo: what plan showed.
+        self.objective: Objective = objective_for(self.profile, self._snapshot_objective(),
+                                                  record.slo_overrides).with_price(record.gpu_hour_usd)
         self.checkpoint: Checkpoint | None = None
         checkpoint_name = record.checkpoint or self.profile.server.checkpoint
         if checkpoint_name:
             self.checkpoint = load_checkpoint(checkpoint_name)
             self.profile = bind_checkpoint(self.profile, self.checkpoint)
+        # The engine the record names (vLLM unless --engine), for the node this study's profile snapshot is.
+        self.engine: Engine = make_engine(record.engine, record.engine_options,
+                                          hardware=str(store.profile_snapshot(self.path).resolve()),
+                                          checkpoint=checkpoint_name)
+
+    @property
+    def clock(self) -> StudyClock:
+        """The study's clock: node seconds (the engine's time scale; the wall clock on a real node)."""
+        return StudyClock(time_scale=self.engine.units.time_scale)
 
     # -- creation and loading ------------------------------------------------------------------
     @classmethod
@@ -206,7 +219,7 @@ class Study:
             served_model_name=Path(model).name if Path(model).exists() else model,
             cpu_split=plan_cpu_split(self.profile.server.client_cpus,
                                      bind_omp=self.profile.hardware.accelerator == "cpu"),
-            power=detect_power_reader())
+            power=detect_power_reader(), knee=self.knee_predictor())
 
     def startup_limits_s(self) -> tuple[float, float | None]:
         """The ready timeout and the start-up watchdog's stall time, in the seconds the launcher waits.
@@ -216,7 +229,10 @@ class Study:
         the node faster (the emulated node's start-up time scale) divides them here.
         """
         ready_s = self.record.ready_timeout_s or self.profile.server.ready_timeout_s
-        return ready_s, self.profile.server.startup_stall_s
+        stall_s = self.profile.server.startup_stall_s
+        units = self.engine.units
+        return (units.client_startup_seconds(ready_s),
+                None if stall_s is None else units.client_startup_seconds(stall_s))
 
     def prelaunch(self, ostudy: optuna.Study) -> PreLaunch:
         """The pre-launch checks, with the KV capacity of every trial launched so far already learnt."""
@@ -232,8 +248,25 @@ class Study:
 
     def step(self, ostudy: optuna.Study, ctx: TrialContext, prelaunch: PreLaunch | None = None) -> TrialStep:
         """The trial step of this study (every driver's), with the pre-launch checks learnt from ``ostudy``."""
-        return TrialStep(self.path, self.profile, self.objective, ostudy, ctx,
-                         prelaunch if prelaunch is not None else self.prelaunch(ostudy))
+        checks = prelaunch if prelaunch is not None else self.prelaunch(ostudy)
+        if ctx.knee is not None:  # each launch's knee from the model as refitted to the night's launches so far
+            ctx = dataclasses.replace(ctx, knee=self.knee_predictor(checks))
+        return TrialStep(self.path, self.profile, self.objective, ostudy, ctx, checks)
+
+    def knee_predictor(self, checks: PreLaunch | None = None) -> Callable[[ServeConfig], int] | None:
+        """A configuration's KV knee (the feasibility model's max concurrency), for a ladder stepped by it.
+
+        None when the objective's ladder is not knee-relative. ``checks`` lends its KV refit (what the
+        night's launches logged) as it stands at each launch.
+        """
+        if not self.objective.knee_relative:
+            return None
+
+        def knee(config: ServeConfig) -> int:
+            return knee_of(self.profile, config, self.checkpoint, self.objective,
+                           checks.calibration if checks is not None else None)
+
+        return knee
 
     def stop_orphans(self) -> list[dict[str, object]]:
         """Stop servers an earlier run of this study left behind on this node."""
@@ -252,7 +285,7 @@ class Study:
             store.write_json(self.path / "study.json", self.record.model_dump())
             self.prepare_queue(ostudy)
             loop = LocalLoop(self.step(ostudy, ctx), self.record, self.confirmation_phase,
-                             self.profile.server.expected_launch_s)
+                             self.profile.server.expected_launch_s, clock=self.clock)
             return loop.run(on_progress or (lambda _p: None), should_stop or (lambda: False))
 
     # -- confirmation and the winner ---------------------------------------------------------------

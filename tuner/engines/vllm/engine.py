@@ -14,8 +14,10 @@ from tuner.engines.vllm import logs
 from tuner.engines.vllm import validate as vllm_validate
 from tuner.engines.vllm.argv import DEFAULT_VLLM_CMD, options_to_argv, redact_argv, resolve_vllm_cmd
 from tuner.engines.vllm.metrics import VLLM_METRICS, VllmMetrics
+from tuner.errors import UsageError
 from tuner.failures import Diagnosis
 from tuner.load.affinity import CpuSplit, format_cpu_list
+from tuner.load.units import IDENTITY, Units
 
 __all__ = ["OMP_BIND_ENV", "VllmEngine", "local_ranks", "omp_bind_env", "vllm_version_of"]
 
@@ -94,11 +96,25 @@ class VllmEngine:
     api_key_env: str = "VLLM_API_KEY"
     metrics: VllmMetrics = field(default=VLLM_METRICS)
     startup_log_bytes: int = logs.CLASSIFY_TAIL_BYTES
+    units: Units = field(default=IDENTITY)
+    """A real server: the client measures the node itself."""
 
     @property
     def ready_paths(self) -> tuple[str, ...]:
         """``/health`` answers before the API does; ``/v1/models`` says the model is served."""
         return (self.health_path, self.models_path)
+
+    @property
+    def probe_headers(self) -> dict[str, str]:
+        """None: a gate's request to vLLM is one request."""
+        return {}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, hardware: str, checkpoint: str | None) -> VllmEngine:
+        """The registry's door (:mod:`tuner.engines.registry`): vLLM takes no engine options."""
+        if options:
+            raise UsageError(f"the vllm engine takes no engine options, got {', '.join(sorted(options))}")
+        return cls()
 
     # -- argv ----------------------------------------------------------------------------------------
     def resolve_command(self, command: str) -> list[str]:
