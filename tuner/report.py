@@ -219,8 +219,9 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                                                     else "")
                   + f": repeats {', '.join(f'{v:.1f}' for v in c.values) or 'none'} ({c.reason})"
                   for c in winner.rejected]
+        carry = "these repeats" if winner.rejected else "the label unconfirmed"
         lines += ["", "Launch files are written only by `dsv4-tune export "
-                  f"{study_obj.record.name} --accept-unconfirmed`, and then carry these repeats.", ""]
+                  f"{study_obj.record.name} --accept-unconfirmed`, and then carry {carry}.", ""]
     else:
         lines += ["**No trial passed its gates and met its SLOs.**", ""]
     for key, title in (("ttft", "Throughput against p95 TTFT"), ("itl", "Throughput against p95 ITL"),
