@@ -1,25 +1,24 @@
 """Failures that cost minutes, not hours, and teach the model (issue 14, findings 6 and 7), on the emulated node.
 
-The emulated DeepSeek-V4-Flash node on 4x GH200 (tuner/engines/emulated, docs/emulator.md) runs as a real
-server process, started by the real trial (``run_trial``: the process helper, the watchdog, the health
-watch, the load generator) with vLLM's argv: ``python -m tuner.engines.emulated serve MODEL --flags``. Its
-truth tables plant vLLM's failures:
+The emulated DeepSeek-V4-Flash node on 4x GH200 (``--engine emulated``: tuner/engines/emulated,
+docs/emulator.md) runs as a real server process, started by the real trial (``run_trial``: the process
+helper, the watchdog, the health watch, the load generator) with vLLM's argv. Its truth tables plant
+vLLM's failures:
 
 - a hang in CUDA-graph capture with ``cudagraph_mode`` FULL and DP > 1 (finding 6): the watchdog ends the
   launch as ``hang`` with the capture bar as its last progress; a speculative twin of it is not launched;
 - an out-of-memory under load at gpu-memory-utilization >= 0.97 (finding 7): the trial is a crash,
   ``oom``, whatever its SLOs say, and the feasibility model refuses the neighbourhood afterwards.
 
-Node time runs faster here. Start-up: DSV4_EMULATOR_STARTUP_TIME_SCALE virtual seconds per real second;
-the hardware profile's ready timeout and stall time are node seconds, and the study divides them by that
-scale in the one place a study clock converts them (``Study.startup_limits_s``), as the test does.
+Node time runs faster here (the engine's ``Units``): the hardware profile's ready timeout and stall time
+are node seconds, and become real seconds in one place (``Units.client_startup_seconds``, through
+``Study.startup_limits_s``): divided by the start-up time scale, plus the real seconds the emulator's
+process needs before its node clock starts.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ import pytest
 import yaml
 
 from tuner import catalog
+from tuner.engines.emulated.engine import DEFAULT_COMMAND, EmulatedEngine
+from tuner.load.units import Units
 from tuner.objective import Objective
 from tuner.search.checkpoints import load_checkpoint
 from tuner.search.prelaunch import PreLaunch
@@ -37,17 +38,11 @@ from tuner.study.confirm import ConfirmSpec
 from tuner.trial import TrialContext, run_trial
 
 MODEL = "deepseek-ai/DeepSeek-V4-Flash-0731"
-EMULATOR = [sys.executable, "-m", "tuner.engines.emulated"]
-STARTUP_SCALE = 60.0
-"""Start-up at 60x: the profile's 600 s stall is 10 real s, the weight load's quarter steps ~1 s, vLLM's
-broadcast heartbeat every 1 s."""
-UNSCALED_S = 45.0
-"""Real seconds no time scale shortens: the emulated server imports vLLM before its first line (8 s on an
-idle 2-core machine, over 20 s on a loaded one). A study clock adds them to the scaled limits; so do we."""
-NODE = {"DSV4_EMULATOR_HW": "gh200x4", "DSV4_EMULATOR_STARTUP_TIME_SCALE": str(STARTUP_SCALE),
-        "DSV4_EMULATOR_TIME_SCALE": "20", "DSV4_EMULATOR_MULTIPLICITY": "64"}
-
-
+NODE = {"time_scale": 20.0, "startup_time_scale": 60.0, "multiplicity": 64, "process_start_s": 45.0}
+"""Start-up at 60x: the profile's 600 s stall is 10 node-scaled real s, the weight load's quarter steps ~1 s,
+vLLM's broadcast heartbeat every 1 s; plus 45 real s the emulator's process may take before its first line
+(importing vLLM: 8 s on an idle 2-core machine, over 20 s on a loaded one)."""
+UNITS = Units(**NODE)  # type: ignore[arg-type]
 OBJECTIVE = {
     "name": "emulated-faults", "description": "a short load: enough batched tokens for the OOM rule to fire",
     "direction": "maximize", "metric": "output_throughput", "slos": {"p95_ttft_ms": 120000, "p95_itl_ms": 1000},
@@ -56,13 +51,6 @@ OBJECTIVE = {
                  "warmup_prompts": 0, "seed": 0}}
 """At multiplicity 64, 8 streams are 512 node requests: their prompts fill 8,192-token steps, past the 4,096
 batched tokens at which the truth's OOM rule fires."""
-
-
-@pytest.fixture
-def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key, value in NODE.items():
-        monkeypatch.setenv(key, value)
-    yield
 
 
 def _gh200(**changes: Any) -> ServeConfig:
@@ -75,16 +63,16 @@ def _gh200(**changes: Any) -> ServeConfig:
 
 def _ctx(**kw: Any) -> TrialContext:
     profile = load_profile("gh200x4")
-    ready_s = profile.server.ready_timeout_s / STARTUP_SCALE + UNSCALED_S
-    stall_s = (profile.server.startup_stall_s or 0) / STARTUP_SCALE + UNSCALED_S
-    return TrialContext(vllm_cmd=EMULATOR, model=MODEL, objective=Objective.model_validate(OBJECTIVE),
-                        ready_timeout_s=ready_s, startup_stall_s=stall_s, vocab_size=129280,
-                        served_model_name="dsv4", **kw)
+    engine = EmulatedEngine(units=UNITS, hardware="gh200x4")
+    return TrialContext(vllm_cmd=engine.resolve_command(DEFAULT_COMMAND), model=MODEL, engine=engine,
+                        objective=Objective.model_validate(OBJECTIVE), vocab_size=129280, served_model_name="dsv4",
+                        ready_timeout_s=UNITS.client_startup_seconds(profile.server.ready_timeout_s),
+                        startup_stall_s=UNITS.client_startup_seconds(profile.server.startup_stall_s or 0), **kw)
 
 
 # -- finding 6: a start that hangs --------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_hang_in_graph_capture_is_a_hang_with_its_last_progress(tmp_path: Path, node: None) -> None:
+def test_a_hang_in_graph_capture_is_a_hang_with_its_last_progress(tmp_path: Path) -> None:
     config = _gh200(**{"compilation-config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1024}})
     outcome = run_trial(_ctx(), config, tmp_path / "t0")
     assert outcome.failure_class == "hang", outcome.reason
@@ -118,24 +106,17 @@ def _widened_profile(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_the_twin_of_a_control_that_hung_is_not_launched(tmp_path: Path, node: None,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_twin_of_a_control_that_hung_is_not_launched(tmp_path: Path) -> None:
     """The first launch of the base flags hangs (a speculative proposal's control, or the base itself, as the
     sampler draws): every other configuration with those base flags is told that, not launched."""
-    model_limits = Study.startup_limits_s
-
-    def node_seconds_at_startup_scale(self: Study) -> tuple[float, float | None]:
-        ready_s, stall_s = model_limits(self)  # where the study clock will scale them, the test does
-        return ready_s / STARTUP_SCALE + UNSCALED_S, None if stall_s is None else stall_s / STARTUP_SCALE + UNSCALED_S
-
-    monkeypatch.setattr(Study, "startup_limits_s", node_seconds_at_startup_scale)
     objective = tmp_path / "objective.yaml"
     objective.write_text(yaml.safe_dump(OBJECTIVE), encoding="utf-8")
     record = new_record(name="hang", hw=str(_widened_profile(tmp_path)), objective=str(objective), model=MODEL,
-                        vllm_cmd=" ".join(EMULATOR), port=None, trials=None, budget_s=None, seed=0,
+                        vllm_cmd=DEFAULT_COMMAND, port=None, trials=None, budget_s=None, seed=0,
                         slo_overrides={}, ready_timeout_s=None, guards=[], prevalidate="off",
-                        confirm=ConfirmSpec(top_k=0, repeats=2))
+                        confirm=ConfirmSpec(top_k=0, repeats=2), engine="emulated", engine_options=NODE)
     study = Study.create(record, tmp_path / "runs")
+    assert study.startup_limits_s() == (UNITS.client_startup_seconds(3600), UNITS.client_startup_seconds(600))
     ostudy = study.run()  # the base hangs once; the rest are refused, then only duplicates come: exhausted
 
     told = [t for t in ostudy.trials if "duplicate_of" not in t.user_attrs and t.state.name == "COMPLETE"]
@@ -155,7 +136,7 @@ def test_the_twin_of_a_control_that_hung_is_not_launched(tmp_path: Path, node: N
 
 
 # -- finding 7: a server that dies under load --------------------------------------------------------------
-def test_an_oom_under_load_is_a_crash_and_teaches_the_memory_model(tmp_path: Path, node: None) -> None:
+def test_an_oom_under_load_is_a_crash_and_teaches_the_memory_model(tmp_path: Path) -> None:
     config = _gh200(**{"gpu-memory-utilization": 0.97})
     outcome = run_trial(_ctx(), config, tmp_path / "t0")
     assert outcome.failure_class == "oom", outcome.reason  # not slo_violated, whatever the SLOs say
