@@ -47,7 +47,8 @@ class NightSummary:
     winner: dict[str, Any] | None = None
     best_baseline: dict[str, Any] | None = None
     winner_beats_baselines: bool | None = None
-    """The winner's value is at least every feasible baseline's (None: no winner, or no baseline passed)."""
+    """The winner's screening value is at least every feasible baseline's (like for like: one window each;
+    None: no winner, or no baseline passed)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,8 +91,9 @@ def summarize_night(study_obj: Study, *, wall_s: float | None = None) -> NightSu
                       "baseline": trial.user_attrs.get("baseline"), "params": dict(trial.params),
                       "screening_value": trial.value,
                       "confirmation": winner.confirmation.to_json() if winner.confirmation else None}
-        if best_baseline is not None and not math.isnan(winner.value):
-            beats = winner.value >= best_baseline["value"] if maximize else winner.value <= best_baseline["value"]
+        screened = trial.value
+        if best_baseline is not None and screened is not None and not math.isnan(screened):
+            beats = screened >= best_baseline["value"] if maximize else screened <= best_baseline["value"]
     units = study_obj.engine.units
     return NightSummary(
         study=study_obj.record.name, hw=study_obj.profile.name, objective=study_obj.objective.name,

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tuner.cli.rehearse import describe_engine
 from tuner.engines import LaunchSpec, ServerProcess, VllmEngine, free_port, make_engine
 from tuner.engines.emulated.engine import EmulatedEngine, choose_units, default_options
 from tuner.engines.emulated.settings import EmulatorSettings
@@ -25,6 +26,7 @@ from tuner.load.ladder import measure
 from tuner.load.metrics import counter_deltas, parse_prometheus
 from tuner.load.units import Units
 from tuner.objective import LadderSpec, Objective, Workload
+from tuner.report import build_markdown
 from tuner.search import bind_checkpoint, load_checkpoint, load_profile
 from tuner.search.envelope import objective_for
 from tuner.study import Study, new_record
@@ -109,6 +111,11 @@ def test_a_study_on_the_emulated_node_runs_node_time(tmp_path: Path) -> None:
     # Opened again (resume), the study runs the same engine with the same units.
     again = Study.open("r", tmp_path)
     assert again.engine == study.engine and again.record.rehearsal
+    # Never mistakable for a node's evidence: the report and the CLI say what it is.
+    report = build_markdown(study, study.optuna_study(), {})
+    assert "**REHEARSAL: every figure below is the prediction of the emulated node" in report
+    assert "time scale 25 node s per real s, multiplicity 128" in report
+    assert (describe_engine(study) or "").startswith("REHEARSAL on the emulated node (gh200x4)")
 
 
 @pytest.fixture(scope="module")
