@@ -65,3 +65,14 @@ def test_preemptions_are_flagged_with_the_peak_kv_use() -> None:
     check = check_window(RANDOM, _window(_page(0, 0), _page(0, 4096, preemptions=3)))
     assert check.ok and check.flags == ("3 preemptions: the KV cache ran out (peak use 50%), so the window "
                                         "includes recomputation",)
+
+
+def test_hits_of_preempted_requests_reading_back_their_blocks_are_flagged_not_refused() -> None:
+    # At the KV knee vLLM preempts; a preempted request admitted again finds the blocks it computed still in
+    # the prefix cache (seen on the emulated gh200x4 node: 15,616 of 5.6 M prompt tokens after preemptions).
+    after = _page(15_616, 5_603_216, preemptions=29)
+    check = check_window(RANDOM, _window(_page(0, 0), after))
+    assert check.ok, check
+    assert any("after 29 preemptions" in f for f in check.flags)
+    # Without a preemption the same hits are prompts sent twice: refused.
+    assert not check_window(RANDOM, _window(_page(0, 0), _page(15_616, 5_603_216))).ok
