@@ -177,9 +177,9 @@ class Winner:
             if c is not self.confirmation:
                 label = f"trial {c.trial}" + (f" (control of {c.control_of})" if c.control_of is not None else "")
                 lines.append(f"Also rejected: {label}: repeats {_repeats(c)} ({c.reason}).")
+        label = "labelled with its rejected repeats" if self.rejected else "labelled unconfirmed"
         lines.append(f"Fix: run more or longer confirmations (`dsv4-tune resume {study}` with a --budget), or "
-                     f"export it anyway, labelled with its rejected repeats: `dsv4-tune export {study} "
-                     "--accept-unconfirmed`")
+                     f"export it anyway, {label}: `dsv4-tune export {study} --accept-unconfirmed`")
         return "\n".join(lines)
 
 
