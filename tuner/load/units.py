@@ -1,24 +1,12 @@
 """Client units and node units: how what the load generator measured maps to the node it stands for.
 
 A real server's client measures the node itself, so its :class:`Units` are the identity. An engine
-that compresses time and multiplies requests (the emulated node, ``tuner/engines/emulated/``) states
-its units, and every client measurement is converted to node units *once*, here, as it leaves a
-measured window: summaries, SLO checks, reports and the exported evidence are all in node units.
-``docs/emulator.md`` ("Units") is the one place that defines them; this module only applies them:
-
-=============================================  ============================================
-client measured                                node quantity
-=============================================  ============================================
-TTFT, ITL, TPOT, E2E, window duration          × time_scale
-output / total tok/s, requests/s, goodput      × multiplicity / time_scale
-requests, tokens (counts)                      × multiplicity
-streams in flight                              × multiplicity (the node's concurrency)
-=============================================  ============================================
-
-The other way: a ladder step at node concurrency ``c`` opens :meth:`Units.client_streams` streams,
-a window of ``n`` node requests sends :meth:`Units.client_requests` client requests, and a paced
-workload's node rate ``r`` is sent at :meth:`Units.client_rate`. The study's clock uses
-``time_scale`` too (:meth:`Units.node_seconds`), so ``--budget 8h`` means 8 node hours.
+that compresses time and multiplies requests (the emulated node) states its units, and every client
+measurement is converted to node units *once*, here, as it leaves a measured window: summaries, SLO
+checks, reports and the exported evidence are all in node units. The units are defined in one place,
+``docs/emulator.md`` ("Units"); this module applies them (``Units.node_summary`` one way;
+``client_streams``, ``client_requests``, ``client_rate`` and ``client_startup_seconds`` the other). The
+study's clock uses the time scale too (:mod:`tuner.study.clock`).
 """
 
 from __future__ import annotations
