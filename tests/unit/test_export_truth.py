@@ -10,6 +10,7 @@ and exited 0; these tests fail on that behaviour.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tuner.objective import constraint_names
 from tuner.search.space import ServeConfig
 from tuner.trial import TrialContext, TrialOutcome
 
+REPO = Path(__file__).resolve().parents[2]
 NOISY = (2293.9, 632.7, 3361.8)
 STEADY = (2400.0, 2410.0, 2395.0)
 
@@ -104,3 +106,30 @@ def test_a_confirmed_winner_exports_without_consent_and_says_so(tmp_path: Path,
     assert identity["accepted_unconfirmed"] is False and identity["rejected_confirmations"] == []
     assert identity["objective"]["value"] == pytest.approx(2400.0)  # the median repeat, not the screening run
     assert "confirmed: median of 3 repeats (2400.0 / 2410.0 / 2395.0" in (best / "serve.sh").read_text()
+
+
+def _rejected_rows(report: str) -> dict[int, tuple[float, ...]]:
+    """Rows of a report's confirmation table that were not accepted (trial, not a control) → repeats."""
+    rows: dict[int, tuple[float, ...]] = {}
+    for line in report.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0].isdigit() and cells[1] == "" and cells[6] == "False":
+            rows[int(cells[0])] = tuple(float(v) for v in re.findall(r"[\d.]+", cells[2]))
+    return rows
+
+
+@pytest.mark.parametrize("study", sorted(p.parent.parent.name
+                                         for p in (REPO / "docs" / "evidence").glob("*/best/identity.json")))
+def test_committed_exports_carry_their_rejected_confirmations(study: str) -> None:
+    """The committed evidence itself: a rejected confirmation of the exported trial is in its files."""
+    folder = REPO / "docs" / "evidence" / study
+    identity = json.loads((folder / "best" / "identity.json").read_text())
+    report = (folder / "report.md").read_text() if (folder / "report.md").is_file() else ""
+    rejected = _rejected_rows(report).get(int(identity["trial"]))
+    if identity.get("confirmed") or rejected is None:
+        assert identity.get("confirmation_status", "unconfirmed") != "rejected" or identity["confirmation"]
+        return
+    assert identity["confirmation"] is not None, f"{study}: the rejected confirmation {rejected} was dropped"
+    assert tuple(round(v, 1) for v in identity["confirmation"]["values"]) == rejected
+    serve = (folder / "best" / "serve.sh").read_text()
+    assert "REJECTED in confirmation" in serve and "UNCONFIRMED (single screening run)" not in serve
