@@ -59,7 +59,8 @@ def test_timeout_reason_names_the_last_progress() -> None:
     from tuner.engines.vllm.logs import describe_stall
 
     text = describe_stall(HUNG_TP2_COMPILE_TAIL)
-    assert "torch.compile took 16.19 s" in text or "No available shared memory broadcast block" in text
+    # the last progress, not the worker's "No available shared memory broadcast block" (a silence, not a place)
+    assert text == "torch.compile took 16.19 s in total"
 
 
 @pytest.fixture
