@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner import store
 from tuner.study import Study
+from tuner.study.guided import STOP_BELOW, load_prediction, prediction_section
 from tuner.study.study import PREVALIDATION_ATTR
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,7 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                   "saturation in the server's own counters (KV near full, preemptions, or a full batch with a "
                   "queue: `tuner/load/knee.py`).", "",
                   _table(["trial", "ladder top", "predicted knee", "shown"], knees), ""]
+    lines += prediction_section(study_obj.path, images.get("predicted"))
     lines += _energy_section(trials)
     counts = failure_counts(study)
     lines += ["## Failures", "", _table(["class", "trials"], [[k, v] for k, v in counts.items()]) if counts
@@ -322,6 +324,42 @@ def markdown_to_html(markdown: str, title: str) -> str:
     return "\n".join(out)
 
 
+def _plot_predicted(folder: Path, out: Path) -> Path | None:
+    """``--prior model``: each launch's prediction (before it ran) against its measurement, and the stop estimate."""
+    data = load_prediction(folder)
+    history = (data or {}).get("history") or []
+    points = [(float(h["predicted_corrected"]), float(h["measured"] if h.get("feasible") else
+                                                      h.get("measured_output_tok_s") or 0.0), bool(h.get("feasible")))
+              for h in history if h.get("predicted_corrected")]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    top = max(max(p, m) for p, m, _ in points) * 1.05
+    ax.plot([0, top], [0, top], color="grey", linewidth=1)
+    for ok, marker, label in ((True, "o", "met the SLOs"), (False, "x", "missed an SLO or failed")):
+        xs = [p for p, _, f in points if f == ok]
+        ys = [m for _, m, f in points if f == ok]
+        if xs:
+            ax.scatter(xs, ys, marker=marker, label=label)
+    ax.set_xlabel("predicted before launch (output tok/s)")
+    ax.set_ylabel("measured (output tok/s)")
+    ax.legend(fontsize=8)
+    bx.plot([h["trial"] for h in history], [float(h["chance_to_beat"]) for h in history], marker="o")
+    bx.axhline(STOP_BELOW, color="grey", linestyle="--", linewidth=1)
+    bx.set_xlabel("trial")
+    bx.set_ylabel("chance an untried configuration wins")
+    bx.set_ylim(0, 1.05)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def write_report(study_obj: Study, study: optuna.Study) -> Path:
     """Write report.md, report.html and their plots into the study folder; return report.md."""
     folder = study_obj.path
@@ -341,6 +379,9 @@ def write_report(study_obj: Study, study: optuna.Study) -> Path:
                       folder / "plot_failures.png")
     if made:
         images["failures"] = made
+    made = _plot_predicted(folder, folder / "plot_predicted_vs_measured.png")
+    if made:
+        images["predicted"] = made
     markdown = build_markdown(study_obj, study, images)
     store.write_text(folder / "report.md", markdown)
     store.write_text(folder / "report.html", markdown_to_html(markdown, f"dsv4-tune {study_obj.record.name}"))

@@ -107,7 +107,8 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
                         guards=parse_guards(args.guards), checkpoint=args.checkpoint,
                         prevalidate=args.prevalidate,
                         confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats),
-                        sampler=args.sampler, gpu_hour_usd=getattr(args, "gpu_hour_usd", None))
+                        sampler=args.sampler, gpu_hour_usd=getattr(args, "gpu_hour_usd", None),
+                        prior=getattr(args, "prior", None), stop_when_done=getattr(args, "stop_when_done", False))
     if engine != DEFAULT_ENGINE:
         record = with_engine(record, engine, args)
     engine_class(engine)().resolve_command(record.vllm_cmd)

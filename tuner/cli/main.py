@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--sampler", choices=["tpe", "gp", "random"], default="tpe",
                      help="search: constrained TPE (default), GP (needs scipy; docs/search.md), or random")
+    run.add_argument("--prior", choices=["model", "none"], default=None,
+                     help="model: start from the performance model's predicted best and correct it after each "
+                     "launch; none: the sampler alone (default: model on GPU profiles, none on cpu)")
+    run.add_argument("--stop-when-done", action="store_true",
+                     help="end screening once no untried configuration has a 5%% chance (per the corrected "
+                     "model) to beat the winner by more than the noise; the rest goes to confirmation repeats")
     run.add_argument("--slo", action="append", default=[], metavar="KEY=MS",
                      help="override an SLO limit, e.g. --slo p95_ttft_ms=2000 (repeatable)")
     run.add_argument("--ready-timeout", type=float, help="seconds a launch may take to become ready")
@@ -324,12 +330,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     budget_s = parse_duration(args.budget) if args.budget else None
     report = build_plan(args.hw, args.objective, budget_s, args.checkpoint)
     console.print(format_plan(report), markup=False, soft_wrap=True)
+    console.print(_prior_section(args.hw, args.objective, args.checkpoint), markup=False, soft_wrap=True)
     engine = default_engine()
     checks = ("will run before every launch" if engine.can_validate() else  # when not, the engine logs why
               "cannot run in this environment (the reason is logged above): configurations launch unchecked")
     console.print(f"Pre-launch argument checks (--prevalidate auto): {engine.title}'s own checks {checks}.",
                   markup=False, soft_wrap=True)
     return 0
+
+
+def _prior_section(hw: str, objective: str | None, checkpoint: str | None) -> str:
+    """``plan``'s prior section: the performance model's predicted top configurations and optimum."""
+    from tuner.predict.plan import format_prior, prior_plan
+    from tuner.search import bind_checkpoint, load_checkpoint, load_profile
+    from tuner.search.envelope import objective_for
+
+    raw = load_profile(hw)
+    name = checkpoint or raw.server.checkpoint
+    ckpt = load_checkpoint(name) if name and raw.hardware.accelerator != "cpu" else None
+    profile = bind_checkpoint(raw, ckpt) if ckpt is not None else raw
+    return format_prior(prior_plan(profile, ckpt, objective_for(raw, objective)))
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:

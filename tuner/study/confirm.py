@@ -38,6 +38,10 @@ from tuner.trial import TrialContext, TrialOutcome
 __all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winner", "judge", "mad", "pick_winner",
            "robust_score"]
 
+MAX_REPEATS_WHEN_DONE = 10
+"""Repeats per candidate when screening ends early and the rest of the budget goes to confirmation."""
+
+
 class ConfirmSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -231,6 +235,14 @@ class ConfirmationPhase:
                                  for t in finished)
         per_candidate = launch + load * self.spec.repeats * self.spec.workload_scale
         return per_candidate * self.spec.top_k * 1.5  # controls of speculative candidates, roughly
+
+    def with_budget_for_repeats(self, study: optuna.Study, remaining_s: float | None) -> ConfirmationPhase:
+        """This phase with more repeats per candidate, to fill ``remaining_s`` (``--stop-when-done``; at most 10)."""
+        reserve = self.reserve_s(study)
+        if remaining_s is None or reserve <= 0 or self.spec.top_k == 0:
+            return self
+        repeats = min(MAX_REPEATS_WHEN_DONE, max(self.spec.repeats, int(self.spec.repeats * remaining_s / reserve)))
+        return dataclasses.replace(self, spec=self.spec.model_copy(update={"repeats": repeats}))
 
     def run(self, study: optuna.Study, ctx: TrialContext, run_trial: RunTrial, progress: Progress,
             on_progress: Callable[[Progress], None], should_stop: Callable[[], bool],

@@ -18,6 +18,7 @@ import optuna
 from tuner.errors import SearchStalledError
 from tuner.study.clock import WALL, StudyClock
 from tuner.study.confirm import ConfirmationPhase
+from tuner.study.guided import GuidedSearch
 from tuner.study.progress import Progress, phase_reporter
 from tuner.study.ranking import (
     best_feasible_trial,
@@ -37,13 +38,15 @@ class LocalLoop:
     """Screening, then confirmation, of one study on this node (``Study.run`` builds and runs it)."""
 
     def __init__(self, step: TrialStep, record: StudyRecord, confirmation: ConfirmationPhase,
-                 first_trial_estimate_s: float, clock: StudyClock = WALL) -> None:
+                 first_trial_estimate_s: float, clock: StudyClock = WALL, guided: GuidedSearch | None = None) -> None:
         self.step = step
         self.record = record
         self.confirmation = confirmation
         self.first_trial_estimate_s = first_trial_estimate_s
         self.clock = clock
         """Node seconds: ``--budget``, the deadline and the trials' durations are on it."""
+        self.guided = guided
+        """``--prior model``: queues the corrected model's proposals, learns from each launch."""
 
     def run(self, on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> optuna.Study:
         step, record, ostudy = self.step, self.record, self.step.ostudy
@@ -67,6 +70,16 @@ class LocalLoop:
                 break
             if should_stop():
                 break
+            if self.guided is not None and record.stop_when_done and self.guided.done():
+                chance = self.guided.history[-1]["chance_to_beat"]
+                progress.last = (f"--stop-when-done: the model gives untried configurations a {chance:.0%} chance "
+                                 "to beat the winner; the rest of the budget goes to confirmation")
+                progress.events.append(progress.last)
+                self.confirmation = self.confirmation.with_budget_for_repeats(
+                    ostudy, None if deadline is None else deadline - self.clock.now())
+                break
+            if self.guided is not None:
+                self.guided.before_ask(ostudy)
             try:
                 self._round(launched, progress, on_progress, should_stop)
             except SearchStalledError as exc:
@@ -122,6 +135,10 @@ class LocalLoop:
         progress.current = f"control {proposal.number} (speculation off)" if control else f"trial {proposal.number}"
         outcome = step.launch(proposal, should_stop=should_stop, on_phase=phase_reporter(progress, on_progress))
         launched[proposal.key] = proposal.number
+        if self.guided is not None:
+            seen = self.guided.after_trial(step.ostudy, proposal.number)
+            progress.events.append(f"model: predicted {seen['predicted_corrected']}, measured {seen['measured']}; "
+                                   f"chance an untried configuration wins: {seen['chance_to_beat']:.0%}")
         self._update_best(progress)
         progress.launched_one(proposal.number, outcome, step.objective.metric, control=control)
         on_progress(progress)

@@ -70,6 +70,12 @@ class StudyRecord(BaseModel):
     resumed study runs the same engine."""
     rehearsal: bool = False
     """A rehearsal (``dsv4-tune rehearse``): the night on the emulated node, not evidence of a real one."""
+    prior: Literal["model", "none"] = "none"
+    """``--prior``: ``model`` starts from the performance model and corrects it after each launch
+    (:mod:`tuner.study.guided`); ``none``, the sampler alone. ``run`` picks ``model`` on GPU profiles."""
+    stop_when_done: bool = False
+    """``--stop-when-done``: end screening once the model gives an untried configuration under 5 % chance
+    of beating the winner, and spend the rest of the budget on confirmation repeats."""
     created_at: float = Field(default_factory=time.time)
 
 
@@ -135,7 +141,8 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
                prevalidate: Literal["auto", "on", "off"] = "auto",
                confirm: ConfirmSpec | None = None, sampler: Literal["tpe", "gp", "random"] = "tpe",
                gpu_hour_usd: float | None = None, engine: str = "vllm",
-               engine_options: dict[str, Any] | None = None, rehearsal: bool = False) -> StudyRecord:
+               engine_options: dict[str, Any] | None = None, rehearsal: bool = False,
+               prior: Literal["model", "none"] | None = None, stop_when_done: bool = False) -> StudyRecord:
     profile = load_profile(hw)
     checkpoint_name = checkpoint or profile.server.checkpoint
     if checkpoint_name:
@@ -160,7 +167,13 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
                        ready_timeout_s=ready_timeout_s, guards=guards, storage=storage, checkpoint=checkpoint,
                        prevalidate=prevalidate, confirm=confirm or ConfirmSpec(), sampler=sampler,
                        gpu_hour_usd=gpu_hour_usd, engine=engine, engine_options=dict(engine_options or {}),
-                       rehearsal=rehearsal)
+                       rehearsal=rehearsal, prior=prior or default_prior(profile.hardware.accelerator),
+                       stop_when_done=stop_when_done)
+
+
+def default_prior(accelerator: str) -> Literal["model", "none"]:
+    """``--prior`` when not given: the model on GPU nodes (docs/search.md measures why), none on the CPU build."""
+    return "none" if accelerator == "cpu" else "model"
 
 
 def _check_energy_metric(objective: Objective, gpu_hour_usd: float | None) -> None:

@@ -24,6 +24,7 @@ from tuner.guards import GuardSuite, NoGuards, load_suite
 from tuner.load.affinity import plan_cpu_split
 from tuner.load.power import detect_power_reader
 from tuner.objective import Objective, constraint_names, load_objective
+from tuner.predict import PriorUnavailable
 from tuner.search.checkpoints import Checkpoint, load_checkpoint
 from tuner.search.envelope import knee_of, objective_for
 from tuner.search.prelaunch import PreLaunch
@@ -31,6 +32,7 @@ from tuner.search.profile import HardwareProfile, bind_checkpoint, load_profile,
 from tuner.search.space import ServeConfig
 from tuner.study.clock import StudyClock
 from tuner.study.confirm import Confirmation, ConfirmationPhase, Winner
+from tuner.study.guided import GuidedSearch
 from tuner.study.local import LocalLoop
 from tuner.study.progress import Progress
 from tuner.study.ranking import write_trials_table
@@ -284,9 +286,27 @@ class Study:
             ostudy = self.optuna_study()
             store.write_json(self.path / "study.json", self.record.model_dump())
             self.prepare_queue(ostudy)
+            guided = self.guided_search(ostudy)
             loop = LocalLoop(self.step(ostudy, ctx), self.record, self.confirmation_phase,
-                             self.profile.server.expected_launch_s, clock=self.clock)
+                             self.profile.server.expected_launch_s, clock=self.clock, guided=guided)
             return loop.run(on_progress or (lambda _p: None), should_stop or (lambda: False))
+
+    def guided_search(self, ostudy: optuna.Study) -> GuidedSearch | None:
+        """``--prior model``: the model-guided search, its prior picks queued after the baselines.
+
+        None with ``--prior none``, or where the model cannot predict this study (logged with the reason:
+        the sampler then searches alone).
+        """
+        if self.record.prior != "model":
+            return None
+        try:
+            guided = GuidedSearch.build(self.profile, self.checkpoint, self.objective, self.path,
+                                        seed=self.record.seed)
+        except PriorUnavailable as exc:
+            log.warning("--prior model: %s; the sampler searches alone", exc)
+            return None
+        guided.enqueue_prior(ostudy)
+        return guided
 
     # -- confirmation and the winner ---------------------------------------------------------------
     @property
