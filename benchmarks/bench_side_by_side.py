@@ -4,7 +4,7 @@
 
 Each method gets the same search space (``benchmarks/cpu_wide.yaml``), the same model (the generated
 demo model), the same workload and SLOs (``benchmarks/throughput_bench.yaml``) and the same
-wall-clock budget, measured from the moment it holds ``/tmp/vllm-server.lock``:
+wall-clock budget, measured from the moment it holds ``/tmp/dsv4-vllm.lock``:
 
 - ``tpe``: ``python -m tuner.cli run --hw benchmarks/cpu_wide.yaml --budget ... --confirm-top-k 0``
   (the study's own sampler: constrained multivariate TPE, the profile's baseline first; the
@@ -18,10 +18,11 @@ wall-clock budget, measured from the moment it holds ``/tmp/vllm-server.lock``:
 
 With ``--confirm`` each method's winner is launched once more through the tuner's own harness
 (same client, same SLOs), so the three winners are compared on equal terms and a lucky single run
-shows up. Every vLLM start holds ``flock /tmp/vllm-server.lock``: the three methods, and the
+shows up. Every vLLM start holds ``flock /tmp/dsv4-vllm.lock``: the three methods, and the
 confirmation, each take it in turn, or with ``--lock-once`` the whole script takes it once. Results
 are written up in ``docs/search.md``. Results go to ``OUT/results.json`` and a markdown table on
-stdout.
+stdout; ``--evidence DIR`` also writes the summary the docs' table is built from (``DIR/results.json``:
+per method its launches, their values and failures, the winner and its re-run; no logs).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-LOCK = "/tmp/vllm-server.lock"  # noqa: S108 - the lock every engineer's vLLM start shares
+LOCK = "/tmp/dsv4-vllm.lock"  # noqa: S108 - the lock every engineer's vLLM start shares
 LOCK_HELD_ENV = "DSV4_BENCH_LOCK_HELD"
 DEFAULT_PROFILE = HERE / "cpu_wide.yaml"
 DEFAULT_OBJECTIVE = HERE / "throughput_bench.yaml"
@@ -147,6 +148,8 @@ def _study_result(runs_dir: Path, name: str) -> dict[str, Any]:
         trials.append({"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
                        "feasible": bool(t.user_attrs.get("feasible")),
                        "failure": t.user_attrs.get("failure_class"),
+                       "launched": t.user_attrs.get("launched", True) is not False,
+                       "control": "control_for" in t.user_attrs,
                        "p95_ttft_ms": t.user_attrs.get("p95_ttft_ms"), "p95_itl_ms": t.user_attrs.get("p95_itl_ms"),
                        "duration_s": t.user_attrs.get("duration_s")})
     return {"launches": len(launched), "feasible": sum(1 for t in trials if t["feasible"]),
@@ -342,9 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tuner-confirm-top-k", type=int, default=0,
                         help="the tuner's --confirm-top-k for the tpe and random runs (default 0: screening only, "
                              "like the sweep's --num-runs 1; the tuner's own default is 2)")
+    parser.add_argument("--evidence", type=Path, default=None,
+                        help="also write the small summary for docs/evidence (e.g. docs/evidence/search-cpu)")
     parser.add_argument("--lock-once", action="store_true",
                         help="take the vLLM lock once for the whole run instead of once per method")
+    parser.add_argument("--rebuild-evidence", type=Path, default=None, metavar="OUT",
+                        help="write --evidence from an earlier run's OUT folder (its studies, sweep and results.json)")
     args = parser.parse_args(words)
+    if args.rebuild_evidence is not None:
+        return rebuild_evidence(args)
     if args.lock_once and not os.environ.get(LOCK_HELD_ENV):
         print(f"waiting for {LOCK} ...", flush=True)
         os.execvpe("flock",  # noqa: S606 - re-run this script under the shared lock
@@ -369,7 +378,41 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps({"results": results, "confirmed": confirmed,
                                                        "budget_s": args.budget_s}, indent=1, default=str))
     print(markdown(results, confirmed, args.budget_s))
+    if args.evidence is not None:
+        write_evidence(args.evidence, results, confirmed, args)
     return 0
+
+
+def rebuild_evidence(args: argparse.Namespace) -> int:
+    """--evidence from a finished run's folder, without launching anything."""
+    out = args.rebuild_evidence.resolve()
+    sys.path.insert(0, str(ROOT))
+    saved = json.loads((out / "results.json").read_text())
+    results = saved["results"]
+    for method in results:
+        if method != "sweep":
+            results[method].update(_study_result(out / "runs", method))
+    args.budget_s = float(saved.get("budget_s", args.budget_s))
+    write_evidence(args.evidence or (ROOT / "docs" / "evidence" / "search-cpu"), results, saved.get("confirmed", {}),
+                   args)
+    return 0
+
+
+def write_evidence(folder: Path, results: dict[str, dict[str, Any]], confirmed: dict[str, Any],
+                   args: argparse.Namespace) -> None:
+    """The committed summary: what each method launched and found (no logs, no per-request records)."""
+    keep = ("value", "feasible", "failure", "failed", "launched", "control", "p95_ttft_ms", "p95_itl_ms", "params",
+            "duration_s")
+    out: dict[str, Any] = {"budget_s": args.budget_s, "profile": args.profile.name, "objective": args.objective.name,
+                           "measured": time.strftime("%Y-%m-%d"), "methods": {}}
+    for method, res in results.items():
+        out["methods"][method] = {
+            "launches": res.get("launches"), "feasible": res.get("feasible"), "best_value": res.get("best_value"),
+            "best_params": res.get("best_params"), "wall_s": res.get("wall_s"), "confirmed": confirmed.get(method),
+            "trials": [{k: t.get(k) for k in keep if k in t} for t in res.get("trials", [])],
+            "failures": len(res.get("failures", []))}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":

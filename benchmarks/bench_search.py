@@ -1,0 +1,558 @@
+"""How many launches each search needs on an emulated DeepSeek-V4-Flash node whose truth its prior does not know.
+
+    .venv/bin/python benchmarks/bench_search.py run --seeds 30            # the table (resumable cache)
+    .venv/bin/python benchmarks/bench_search.py validate --samples 120    # the wave model vs the scheduler
+    .venv/bin/python benchmarks/bench_search.py summarize --out docs/evidence/search-emulated
+
+The node is ``search_truth.Truth``: the emulated node's performance model with its constants drawn
+away from the model's (±30 % per kernel and backend, the Humming gain missing, one kind of
+communication doubled), its failure and trap tables, and launch noise. The objective is the shipped
+``throughput`` objective at the profile's scale (``tuner.search.envelope.objective_for``).
+
+Every search but the grid runs as the study runs it (``tuner.study.local``): the recipe baselines
+first, a duplicate told its earlier result without a launch, a configuration the feasibility model
+refuses told as pruned (no launch), a speculative proposal's no-speculation control launched first,
+a failed launch told COMPLETE with violated constraints. ``model`` is ``--prior model``: the same
+loop with ``tuner.study.guided.GuidedSearch`` queueing the prior's picks and then the corrected
+model's proposals. ``grid`` is what ``vllm bench sweep serve`` runs when given the Cartesian product of
+the same levers: that list, in order, every item launched (it has no feasibility model, no controls).
+
+A launch "reaches" X % when its true (noise-free) value is feasible and at least X % of the true
+optimum: what the user would get if that launch were exported. The baselines count as launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import math
+import os
+import pickle
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import search_truth  # noqa: E402
+
+from tuner.backends.storage import ask_fixed, make_sampler  # noqa: E402
+from tuner.objective import Objective, constraint_names  # noqa: E402
+from tuner.predict import Guide, ObjectiveModel, Predictor, space_table, wave_bench  # noqa: E402
+from tuner.predict.steptime import coefficient_arrays  # noqa: E402
+from tuner.search.checkpoints import load_checkpoint  # noqa: E402
+from tuner.search.envelope import objective_for  # noqa: E402
+from tuner.search.profile import TOPOLOGY_PARAM, HardwareProfile, bind_checkpoint, draw_order, load_profile  # noqa: E402
+from tuner.search.space import build_config, suggest  # noqa: E402
+from tuner.study.guided import GuidedSearch  # noqa: E402
+
+NODES = ("gh200x4", "h200x8")
+TARGETS = (0.90, 0.95, 0.98)
+CACHE = HERE.parent / "runs" / "bench-search"
+MAX_DUPLICATES = 50
+
+
+def _quiet(factory: Callable[[int], optuna.samplers.BaseSampler]) -> Callable[[int], optuna.samplers.BaseSampler]:
+    def make(seed: int) -> optuna.samplers.BaseSampler:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return factory(seed)
+    return make
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    what: str
+    sampler: Callable[[int], optuna.samplers.BaseSampler] | None = None
+    guided: bool = False
+    learn: bool = True
+    grid: bool = False
+    cap: int = 40
+    """Launches at most (the cheap searches run longer, so that their medians are measured, not censored)."""
+
+
+METHODS: dict[str, Method] = {m.name: m for m in [
+    Method("model", "--prior model: the baselines, the prior's 3 diverse picks, then the corrected model's "
+           "expected improvement", _quiet(lambda s: make_sampler(s)), guided=True),
+    Method("model-prior", "ablation: --prior model without learning (the prior's ranking and the failure memory, "
+           "no correction, no residual)", _quiet(lambda s: make_sampler(s)), guided=True, learn=False),
+    Method("default", "--prior none before this change: TPE multivariate + group, 4 startup",
+           _quiet(lambda s: optuna.samplers.TPESampler(seed=s, multivariate=True, group=True, n_startup_trials=4)),
+           cap=100),
+    Method("tpe", "TPE multivariate, no group, 4 startup: --prior none now (make_sampler)",
+           _quiet(lambda s: optuna.samplers.TPESampler(seed=s, multivariate=True, n_startup_trials=4)), cap=100),
+    Method("gp", "GPSampler, 4 startup (constraints through set_constraint)",
+           _quiet(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=4)), cap=30),
+    Method("random", "RandomSampler in the same study loop", _quiet(lambda s: optuna.samplers.RandomSampler(seed=s)),
+           cap=200),
+    Method("grid", "vllm bench sweep serve over the Cartesian product of the same levers, in order", grid=True,
+           cap=200),
+]}
+
+
+# -- one node: its table, objective and model (cached on disk: the h200x8 table takes ~30 s) -----------------
+@dataclass
+class Node:
+    name: str
+    profile: HardwareProfile
+    objective: Objective
+    model: ObjectiveModel
+    predictor: Predictor
+
+    @property
+    def table(self) -> Any:
+        return self.predictor.table
+
+
+def load_node(name: str, cache: Path = CACHE) -> Node:
+    raw = load_profile(name)
+    checkpoint = load_checkpoint(raw.server.checkpoint or "0731")
+    profile = bind_checkpoint(raw, checkpoint)
+    objective = objective_for(raw, "throughput")
+    model = ObjectiveModel.from_objective(objective)
+    digest = hashlib.sha256((objective.model_dump_json() + profile.model_dump_json()).encode()).hexdigest()[:12]
+    key = f"{name}-{digest}.pkl"
+    path = cache / "nodes" / key
+    if path.exists():
+        with path.open("rb") as fh:
+            predictor: Predictor = pickle.load(fh)  # noqa: S301 (our own cache, under runs/)
+    else:
+        table = space_table(profile, checkpoint, objective.workload)
+        predictor = Predictor(table, model, seed=0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as fh:
+            pickle.dump(predictor, fh)
+    return Node(name, profile, objective, model, predictor)
+
+
+# -- one search ------------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    node: str
+    method: str
+    seed: int
+    optimum: float
+    values: list[float]
+    """True value of each launch, in order (0: failed, pruned launch of the grid, or an SLO miss)."""
+    failed: list[bool]
+    controls: int
+    chance: list[float]
+    """--prior model: the stop estimate after each launch."""
+    wall_s: float
+    cpu_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "method": self.method, "seed": self.seed, "optimum": round(self.optimum, 2),
+                "values": [round(v, 2) for v in self.values], "failed": self.failed, "controls": self.controls,
+                "chance": [round(c, 4) for c in self.chance], "wall_s": round(self.wall_s, 2),
+                "cpu_s": round(self.cpu_s, 2)}
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, names: list[str], outcome: search_truth.Outcome) -> None:
+    attrs: dict[str, Any] = {"launched": outcome.launched, "feasible": outcome.feasible}
+    if outcome.failure_class:
+        attrs["failure_class"] = outcome.failure_class
+    if outcome.figures is not None:
+        attrs.update({"output_throughput": outcome.figures["output_tok_s"],
+                      "p95_ttft_ms": outcome.figures["ttft_p95_ms"], "p95_itl_ms": outcome.figures["itl_p95_ms"],
+                      "max_concurrency": outcome.concurrency})
+        margins = [*outcome.margins, 0.0, 0.0]
+    else:
+        margins = [1.0] * len(names)
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    for name, margin in zip(names, margins, strict=True):
+        trial.set_constraint(name, margin)
+    study.tell(trial, outcome.value if outcome.figures is not None else 0.0)
+
+
+def _tell_duplicate(study: optuna.Study, trial: optuna.Trial, first: int) -> None:
+    frozen = study.trials[first]
+    for key, value in frozen.user_attrs.items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", first)
+    for name, margin in frozen.constraints.items():
+        trial.set_constraint(name, margin)
+    study.tell(trial, frozen.value if frozen.value is not None else 0.0)
+
+
+def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, launches: int,
+              *, stop_when_reached: bool = True, noise: float = search_truth.NOISE_THROUGHPUT,
+              latency_noise: float = search_truth.NOISE_LATENCY) -> Run:
+    """Drive ``method`` as the study's local loop does, for at most ``launches`` launches."""
+    started, cpu = time.perf_counter(), time.process_time()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    table = node.table
+    rng = np.random.default_rng(seed * 7919 + 17)
+    names = constraint_names(node.objective)
+    values: list[float] = []
+    failed: list[bool] = []
+    chance: list[float] = []
+    controls = 0
+    assert method.sampler is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study = optuna.create_study(direction="maximize", sampler=method.sampler(seed))
+        for base in node.profile.baselines:
+            study.enqueue_trial(dict(base.values), user_attrs={"baseline": base.name}, skip_if_exists=True)
+        guided = None
+        if method.guided:
+            guided = GuidedSearch(Guide(node.predictor, noise_sd=noise, seed=seed, learn=method.learn),
+                                  node.profile)
+            guided.enqueue_prior(study)
+        launched: dict[str, int] = {}
+        start_failed: set[str] = set()
+        duplicates = 0
+
+        def point_of(config: Any) -> int:
+            # A speculative trial's control keeps its twin's capture size, so it is not a point of the
+            # table: its physics are those of the same levers with no draft.
+            found = table.index_of.get(config.key())
+            return int(found if found is not None else table.index_of[build_config(node.profile, config.params).key()])
+
+        def launch(trial: optuna.Trial, config: Any) -> search_truth.Outcome:
+            key = config.key()
+            point = point_of(config)
+            outcome = truth.measure(point, rng, noise=noise, latency_noise=latency_noise)
+            _tell(study, trial, names, outcome)
+            launched[key] = trial.number
+            values.append(float(truth.value[point]))
+            failed.append(outcome.figures is None)
+            if outcome.failure_class == "oom":
+                start_failed.add(key)
+            if guided is not None:
+                chance.append(float(guided.after_trial(study, trial.number)["chance_to_beat"]))
+            return outcome
+
+        def done() -> bool:
+            if len(values) >= launches:
+                return True
+            reached = bool(values) and max(values) >= TARGETS[-1] * truth.optimum
+            if guided is not None and method.learn:  # runs on until its own stop estimate says done
+                return reached and guided.done() if stop_when_reached else False
+            return reached and stop_when_reached
+
+        while not done():
+            if guided is not None:
+                guided.before_ask(study)
+            trial = study.ask()
+            config = suggest(node.profile, trial)
+            key = config.key()
+            if key in launched:
+                _tell_duplicate(study, trial, launched[key])
+                duplicates += 1
+                if duplicates >= MAX_DUPLICATES:
+                    break
+                continue
+            duplicates = 0
+            point = point_of(config)
+            if config.is_speculative:
+                control = config.control()
+                ckey = control.key()
+                if ckey not in launched and not table.prunable[point_of(control)]:
+                    ctrial = ask_fixed(study, control.params, {"control_for": key})
+                    suggest(node.profile, ctrial)  # records its parameters, as TrialStep.control_for does
+                    controls += 1
+                    launch(ctrial, control)
+                    if done():
+                        study.tell(trial, 0.0)
+                        break
+                if ckey in start_failed:  # the twin of a control that failed to start is not launched
+                    _tell(study, trial, names, search_truth.Outcome(False, False, 0.0, "oom"))
+                    launched[key] = trial.number
+                    continue
+            if table.prunable[point]:
+                _tell(study, trial, names, search_truth.Outcome(False, False, 0.0, "infeasible"))
+                launched[key] = trial.number
+                continue
+            launch(trial, config)
+    return Run(node.name, method.name, seed, truth.optimum, values, failed, controls, chance,
+               time.perf_counter() - started, time.process_time() - cpu)
+
+
+def cartesian(profile: HardwareProfile) -> Iterator[dict[str, Any]]:
+    """Every combination of the levers, the profile's order (topology outermost), as a sweep list is written."""
+    names = ([TOPOLOGY_PARAM] if profile.topology is not None else []) + draw_order(profile)
+    domains = [list(profile.lever(n).choices or []) for n in names]  # type: ignore[union-attr]
+    for values in itertools.product(*domains):
+        yield dict(zip(names, values, strict=True))
+
+
+def run_grid(node: Node, truth: search_truth.Truth, seed: int, launches: int) -> Run:
+    started, cpu = time.perf_counter(), time.process_time()
+    table = node.table
+    seen: set[str] = set()
+    values: list[float] = []
+    failed: list[bool] = []
+    for params in cartesian(node.profile):
+        if len(values) >= launches or (values and max(values) >= TARGETS[-1] * truth.optimum):
+            break
+        # A lever inactive under this topology (all2all without EP) is dropped, as the study does; the
+        # sweep's list would still hold the combination, and vLLM would ignore the flag: same launch.
+        config = suggest(node.profile, _Fixed(params))
+        key = config.key()
+        if key in seen:
+            continue
+        seen.add(key)
+        point = table.index_of[key]
+        row = int(table.phys_of[point])
+        values.append(float(truth.value[point]))
+        failed.append(row < 0 or not bool(truth.runs[row]))
+    return Run(node.name, "grid", seed, truth.optimum, values, failed, 0, [], time.perf_counter() - started,
+               time.process_time() - cpu)
+
+
+class _Fixed:
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = values
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return self.values[name]
+
+    def suggest_int(self, name: str, low: int, high: int, **_: Any) -> int:
+        return int(self.values[name])
+
+    def suggest_float(self, name: str, low: float, high: float, **_: Any) -> float:
+        return float(self.values[name])
+
+
+# -- the table --------------------------------------------------------------------------------------------------
+_NODES: dict[str, Node] = {}
+_TRUTHS: dict[tuple[str, int, float], search_truth.Truth] = {}
+
+
+def _job(args: tuple[str, str, int, int, float, float, float]) -> dict[str, Any]:
+    node_name, method_name, seed, launches, noise, latency_noise, spread = args
+    node = _NODES.get(node_name) or _NODES.setdefault(node_name, load_node(node_name))
+    truth = _TRUTHS.get((node_name, seed, spread))
+    if truth is None:
+        truth = _TRUTHS[(node_name, seed, spread)] = search_truth.make_truth(node.table, node.model, seed, spread)
+        if len(_TRUTHS) > 4:
+            _TRUTHS.pop(next(iter(_TRUTHS)))
+    method = METHODS[method_name]
+    run = run_grid(node, truth, seed, launches) if method.grid else run_study(
+        node, truth, method, seed, launches, noise=noise, latency_noise=latency_noise)
+    out = run.to_json()
+    out.update({"launches_cap": launches, "noise": noise, "latency_noise": latency_noise, "spread": spread})
+    return out
+
+
+def launches_to(values: list[float], optimum: float, fraction: float) -> int | None:
+    for i, v in enumerate(values, start=1):
+        if v >= fraction * optimum:
+            return i
+    return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cache = args.cache
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in cache.read_text().splitlines()] if cache.exists() else []
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    cap = {m: args.launches or METHODS[m].cap for m in methods}
+    done = {(r["node"], r["method"], r["seed"]) for r in rows
+            if r.get("noise") == args.noise and r.get("spread", 0.3) == args.spread and r["method"] in cap
+            and r.get("launches_cap", 0) >= cap[r["method"]]}
+    for node in args.nodes.split(","):
+        load_node(node)  # build the cache once, before the workers start
+    jobs = [(node, m, seed, cap[m], args.noise, args.latency_noise, args.spread) for node in args.nodes.split(",")
+            for seed in range(args.first_seed, args.first_seed + args.seeds) for m in methods
+            if (node, m, seed) not in done]
+    print(f"{len(jobs)} runs to do ({len(done)} cached)", file=sys.stderr)
+    started = time.time()
+    with ProcessPoolExecutor(max_workers=args.workers) as pool, cache.open("a") as fh:
+        for out in pool.map(_job, jobs, chunksize=1):
+            fh.write(json.dumps(out) + "\n")
+            fh.flush()
+            reach = launches_to(out["values"], out["optimum"], 0.95)
+            print(f"{out['node']} {out['method']:8s} seed {out['seed']:2d}: 95 % at {reach}, "
+                  f"{len(out['values'])} launches, {out['wall_s']:.1f} s [{time.time() - started:.0f} s]",
+                  file=sys.stderr, flush=True)
+    return 0
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """Linear-interpolated quantile that stays ∞ when it touches a run that never got there."""
+    data = sorted(xs)
+    h = (len(data) - 1) * q
+    lo, hi = math.floor(h), math.ceil(h)
+    if math.isinf(data[lo]) or math.isinf(data[hi]):
+        return math.inf
+    return data[lo] + (data[hi] - data[lo]) * (h - lo)
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    return _quantile(xs, 0.25), _quantile(xs, 0.5), _quantile(xs, 0.75)
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per node and method: launches to each target (∞ where not reached within the run's cap), as quartiles."""
+    out: dict[str, Any] = {"targets": list(TARGETS), "nodes": {}}
+    for node in sorted({r["node"] for r in rows}):
+        per: dict[str, Any] = {}
+        for method in METHODS:
+            mine = sorted((r for r in rows if r["node"] == node and r["method"] == method), key=lambda r: r["seed"])
+            if not mine:
+                continue
+            entry: dict[str, Any] = {"seeds": len(mine), "what": METHODS[method].what,
+                                     "cap": min(r["launches_cap"] for r in mine)}
+            for t in TARGETS:
+                reach = [launches_to(r["values"][:r["launches_cap"]], r["optimum"], t) for r in mine]
+                xs = [float(x) if x is not None else math.inf for x in reach]
+                q1, med, q3 = _quartiles(xs)
+                q1, med, q3 = (None if math.isinf(x) else x for x in (q1, med, q3))  # type: ignore[assignment]
+                entry[f"to_{int(t * 100)}"] = {"q1": q1, "median": med, "q3": q3,
+                                               "reached": sum(1 for x in reach if x is not None),
+                                               "per_seed": [x if x is not None else None for x in reach]}
+            entry["best_after_12"] = statistics.median(
+                max(r["values"][:12] or [0.0]) / r["optimum"] for r in mine)
+            entry["failed_in_first_12"] = statistics.mean(sum(r["failed"][:12]) for r in mine)
+            entry["wall_s"] = statistics.mean(r["wall_s"] for r in mine)
+            entry["cpu_s"] = statistics.mean(r.get("cpu_s", r["wall_s"]) for r in mine)
+            if method == "model":
+                stops = []
+                for r in mine:
+                    stop = next((i for i, c in enumerate(r["chance"], start=1) if i >= 4 and c < 0.05), None)
+                    at = stop or len(r["values"])
+                    stops.append({"seed": r["seed"], "stop_at": stop,
+                                  "best_at_stop": round(max(r["values"][:at] or [0.0]) / r["optimum"], 4)})
+                entry["stop"] = stops
+                entry["chance_median_by_launch"] = [
+                    statistics.median(r["chance"][i] for r in mine if len(r["chance"]) > i)
+                    for i in range(max(len(r["chance"]) for r in mine))]
+            per[method] = entry
+        out["nodes"][node] = per
+    return out
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    rows = [json.loads(line) for line in args.cache.read_text().splitlines()]
+    rows = [r for r in rows if r.get("noise") == args.noise and r.get("latency_noise") == args.latency_noise
+            and r.get("spread", 0.3) == args.spread]
+    latest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in rows:  # the longest run of each (node, method, seed)
+        key = (r["node"], r["method"], r["seed"])
+        if key not in latest or r["launches_cap"] >= latest[key]["launches_cap"]:
+            latest[key] = r
+    summary = summarize(list(latest.values()))
+    summary["noise"] = {"throughput_sd": args.noise, "latency_sd": args.latency_noise}
+    summary["spread"] = args.spread
+    summary["runs"] = len(latest)
+    summary["runs_wall_s"] = round(sum(r["wall_s"] for r in latest.values()), 1)
+    """Seconds the runs took, summed (truth tables and node caches not counted: a few seconds each)."""
+    for node in summary["nodes"]:
+        n = load_node(node)
+        summary["nodes"][node]["_objective"] = n.model.describe()
+        summary["nodes"][node]["_space"] = {"points": len(n.table), "pruned": int(n.table.prunable.sum()),
+                                            "baselines": [b.name for b in n.profile.baselines]}
+        optima = sorted({(r["seed"], r["optimum"]) for r in rows if r["node"] == node})
+        summary["nodes"][node]["_optimum_tok_s"] = {"median": statistics.median(o for _, o in optima),
+                                                    "min": min(o for _, o in optima),
+                                                    "max": max(o for _, o in optima)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "summary.json" if args.spread == 0.3 else f"summary-spread{args.spread:g}.json"
+    (args.out / name).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out / name}", file=sys.stderr)
+    return 0
+
+
+# -- the wave model against the emulated node's scheduler ---------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    from tuner.engines.emulated import BenchmarkShape, predict
+
+    out: dict[str, Any] = {"samples": {}, "note": "ratio = wave model / scheduler (tuner.engines.emulated.predict)"}
+    path = args.out / "agreement.json"
+    if args.rewave:  # the scheduler's side is kept; the wave model's is recomputed (after a change to it)
+        old = json.loads(path.read_text())
+        for node_name, block in old["samples"].items():
+            node = load_node(node_name)
+            truth = search_truth.make_truth(node.table, node.model, block["seed"], args.spread)
+            for p in block["points"]:
+                sub = node.table.physics.take(np.array([p["row"]]))
+                figs = wave_bench(sub, coefficient_arrays(sub, truth.coefficients), node.model.shape(p["c"]))
+                p["wave"] = [float(figs.output_tok_s[0]), float(figs.ttft_p95_ms[0]), float(figs.itl_p95_ms[0])]
+        path.write_text(json.dumps(old, indent=None) + "\n")
+        return 0
+    for node_name in args.nodes.split(","):
+        node = load_node(node_name)
+        table = node.table
+        truth = search_truth.make_truth(table, node.model, args.seed, args.spread)
+        rng = np.random.default_rng(args.seed)
+        runs_rows = np.flatnonzero(truth.runs)
+        # half near the truth's optimum (where a search ends), half anywhere it launches
+        row_value = np.zeros(len(table.physics))
+        np.maximum.at(row_value, np.maximum(table.phys_of, 0), truth.value)
+        top = np.argsort(-row_value)[:300]
+        picks = list(rng.choice(top, size=args.samples // 2, replace=False)) + list(
+            rng.choice(runs_rows, size=args.samples - args.samples // 2, replace=False))
+        samples = []
+        started = time.time()
+        for row in picks:
+            row = int(row)
+            j = int(rng.integers(truth.steps.concurrency.shape[1]))
+            c = int(truth.steps.concurrency[row, j])
+            shape = node.model.shape(c)
+            sched = predict(table.profile, table.physics.configs[row],
+                            BenchmarkShape(node.model.input_len, node.model.output_len, c, int(shape.num_prompts)),
+                            checkpoint=table.checkpoint, coefficients=truth.coefficients)
+            samples.append({"row": row, "c": c, "near_optimum": bool(row in set(top.tolist())),
+                            "wave": [float(truth.steps.value[row, j]),
+                                     float(truth.steps.figures["ttft_p95_ms"][row, j]),
+                                     float(truth.steps.figures["itl_p95_ms"][row, j])],
+                            "scheduler": [sched.output_tok_s, sched.ttft_p95_ms, sched.itl_p95_ms]})
+            print(f"{node_name} {len(samples)}/{len(picks)} [{time.time() - started:.0f} s]", file=sys.stderr,
+                  flush=True)
+        out["samples"][node_name] = {"seed": args.seed, "objective": node.model.describe(), "points": samples}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "agreement.json").write_text(json.dumps(out, indent=None) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--nodes", default=",".join(NODES))
+    common.add_argument("--cache", type=Path, default=CACHE / "runs.jsonl")
+    common.add_argument("--launches", type=int, default=0,
+                        help="launch cap per run (default: each method's, 40 for the model-based, 100-200 for the "
+                        "cheap ones)")
+    common.add_argument("--noise", type=float, default=search_truth.NOISE_THROUGHPUT,
+                        help="relative sd of a launch's throughput")
+    common.add_argument("--latency-noise", type=float, default=search_truth.NOISE_LATENCY,
+                        help="relative sd of a launch's p95 TTFT and ITL")
+    common.add_argument("--spread", type=float, default=0.3,
+                        help="how far the node's constants are from the model's (±spread; default 0.3)")
+    run = sub.add_parser("run", parents=[common])
+    run.add_argument("--methods", default=",".join(METHODS))
+    run.add_argument("--seeds", type=int, default=30)
+    run.add_argument("--first-seed", type=int, default=0)
+    run.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    summ = sub.add_parser("summarize", parents=[common])
+    summ.add_argument("--out", type=Path, default=HERE.parent / "docs" / "evidence" / "search-emulated")
+    val = sub.add_parser("validate", parents=[common])
+    val.add_argument("--samples", type=int, default=120)
+    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--rewave", action="store_true",
+                     help="keep agreement.json's scheduler runs, recompute its wave-model side")
+    val.add_argument("--out", type=Path, default=HERE.parent / "docs" / "evidence" / "search-emulated")
+    args = parser.parse_args(argv)
+    return {"run": cmd_run, "summarize": cmd_summarize, "validate": cmd_validate}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
