@@ -40,8 +40,10 @@ def prior_plan(profile: HardwareProfile, checkpoint: Checkpoint | None, objectiv
     """The prior's view of ``profile`` (bound to ``checkpoint``) under ``objective``; unavailable with a reason."""
     from tuner.predict import predictor_for
 
+    if profile.hardware.accelerator == "cpu":
+        return PriorPlan(False, f"{profile.name} is a CPU profile; the performance model describes GPU nodes")
     if checkpoint is None:
-        return PriorPlan(False, "the performance model needs a catalogued checkpoint")
+        return PriorPlan(False, "the performance model needs a catalogued checkpoint (--checkpoint)")
     try:
         predictor: Predictor = predictor_for(profile, checkpoint, objective)
     except PriorUnavailable as exc:
