@@ -12,15 +12,22 @@ Each run sends ``4 × concurrency`` requests of ``--output-len`` tokens; events/
 chunks / wall time of the measured window. On a machine where the stand-in shares the cores with
 the client, the figures are a floor on the client's capacity, not a ceiling.
 
-Usage: python scripts/bench_client_capacity.py [--concurrency 64 256 1024] [--modes ...] [--json out.json]
+Usage: python scripts/bench_client_capacity.py [--concurrency 64 256 1024] [--modes ...] [--repeats N] [--json out.json]
+
+The committed figures of the 2-core machine (``docs/evidence/loadgen/``; table in docs/loadgen.md):
+python scripts/bench_client_capacity.py --concurrency 64 256 --repeats 3 \
+    --json docs/evidence/loadgen/capacity.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import itertools
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -56,6 +63,13 @@ def _wait_port(port: int, timeout_s: float = 20.0) -> None:
                 return
         time.sleep(0.1)
     raise RuntimeError(f"stand-in did not listen on {port} within {timeout_s} s")
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return ""
 
 
 def _ours(base_url: str, concurrency: int, output_len: int, backend: str, processes: int) -> dict[str, Any]:
@@ -103,6 +117,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["ours-aiohttp", "ours-httpx", "ours-pool2", "vllm-bench"])
     parser.add_argument("--standin-workers", type=int, default=1, help="stand-in processes (SO_REUSEPORT)")
     parser.add_argument("--tokenizer", help="for vllm-bench; default: the generated demo model")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every (concurrency, client) pair")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
 
@@ -124,26 +139,30 @@ def main() -> None:
               f"output_len {args.output_len}; 4 x concurrency requests per run")
         print("| client | concurrency | events/s | completed | failed | client CPU | saturated |")
         print("|---|---:|---:|---:|---:|---:|---|")
-        for concurrency in args.concurrency:
-            for mode in args.modes:
-                if mode == "vllm-bench":
-                    row = _vllm_bench(base_url, concurrency, args.output_len, str(tokenizer), vllm)
-                elif mode.startswith("ours-pool"):
-                    row = _ours(base_url, concurrency, args.output_len, "aiohttp", int(mode[len("ours-pool"):]))
-                else:
-                    row = _ours(base_url, concurrency, args.output_len, mode[len("ours-"):], 1)
-                row.update({"client": mode, "concurrency": concurrency})
-                rows.append(row)
-                cpu = row.get("client_cpu_share")
-                print(f"| {mode} | {concurrency} | {row.get('events_per_s', float('nan')):,.0f} | "
-                      f"{row.get('completed', '-')} | {row.get('failed', '-')} | "
-                      f"{'-' if cpu is None else f'{cpu:.0%}'} | {row.get('client_saturated', '-')} |", flush=True)
+        for repeat, concurrency, mode in itertools.product(range(args.repeats), args.concurrency, args.modes):
+            if mode == "vllm-bench":
+                row = _vllm_bench(base_url, concurrency, args.output_len, str(tokenizer), vllm)
+            elif mode.startswith("ours-pool"):
+                row = _ours(base_url, concurrency, args.output_len, "aiohttp", int(mode[len("ours-pool"):]))
+            else:
+                row = _ours(base_url, concurrency, args.output_len, mode[len("ours-"):], 1)
+            row.update({"client": mode, "concurrency": concurrency, "repeat": repeat,
+                        "load_average_1m": round(os.getloadavg()[0], 2)})
+            rows.append(row)
+            cpu = row.get("client_cpu_share")
+            print(f"| {mode} | {concurrency} | {row.get('events_per_s', float('nan')):,.0f} | "
+                  f"{row.get('completed', '-')} | {row.get('failed', '-')} | "
+                  f"{'-' if cpu is None else f'{cpu:.0%}'} | {row.get('client_saturated', '-')} |", flush=True)
     finally:
         os.killpg(standin.pid, signal.SIGTERM)  # the stand-in's forked workers too
         standin.wait(timeout=10)
     if args.json:
-        args.json.write_text(json.dumps({"cpus": os.cpu_count(), "output_len": args.output_len,
-                                         "standin_workers": args.standin_workers, "rows": rows}, indent=1))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+                                         "cpu_model": _cpu_model() or platform.processor(),
+                                         "output_len": args.output_len, "input_len": INPUT_LEN,
+                                         "requests_per_run": "4 x concurrency", "standin_workers": args.standin_workers,
+                                         "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ A figure inside a sentence works the same way, on one line:
 
     python scripts/evidence.py --check     # exit 1 and show what differs (run by the test suite)
     python scripts/evidence.py --write     # rewrite every marked block from its data
+    python scripts/evidence.py --write docs/loadgen.md    # only these documents (others may be mid-edit)
     python scripts/evidence.py --list      # every marker, and the claim folders no document uses
 """
 
@@ -27,7 +28,7 @@ import difflib
 import importlib.util
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -131,10 +132,13 @@ def check(repo: Path = REPO) -> list[str]:
     return problems
 
 
-def write(repo: Path = REPO) -> list[Path]:
+def write(repo: Path = REPO, only: Sequence[Path] = ()) -> list[Path]:
     builder = Builder(repo / "docs" / "evidence")
     changed: list[Path] = []
+    chosen = {p.resolve() for p in only}
     for doc in documents(repo):
+        if chosen and doc.resolve() not in chosen:
+            continue
         text = doc.read_text(encoding="utf-8")
 
         def replace(match: re.Match[str], doc: Path = doc) -> str:
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true")
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--list", action="store_true")
+    parser.add_argument("docs", nargs="*", type=Path, help="with --write: only these documents")
     args = parser.parse_args(argv)
     if args.check:
         problems = check()
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             print(problem, file=sys.stderr)
         return 1 if problems else 0
     if args.write:
-        for doc in write():
+        for doc in write(only=args.docs):
             print(f"rewrote {doc.relative_to(REPO)}")
         return 0
     used = set()

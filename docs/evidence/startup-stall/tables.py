@@ -59,4 +59,25 @@ def steps(folder: Path) -> str:
     return "\n".join(rows)
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"steps": steps}
+def _cited(folder: Path, source: str) -> float:
+    cited = json.loads((folder / "steps.json").read_text(encoding="utf-8"))["steps"]
+    return float(next(s["silent_s"] for s in cited if s["source"].startswith(source)))
+
+
+def compile_s(folder: Path) -> str:
+    """The longest silent step cited for a DeepSeek-class start: a cold torch.compile."""
+    return f"{_cited(folder, 'vllm-project/vllm#26511'):.0f} s"
+
+
+def dsv4_start_min(folder: Path) -> str:
+    """A whole normal DeepSeek-V4-Flash start, process start to ready."""
+    return f"{_cited(folder, 'vllm-project/vllm#43189') / 60:.0f} minutes"
+
+
+def stall_over_compile(folder: Path, stall_s: float = 600.0) -> str:
+    """The GPU profiles' stall time (600 s) over the longest silent step cited for a DeepSeek-class start."""
+    return f"{stall_s / _cited(folder, 'vllm-project/vllm#26511'):.1f}×"
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"steps": steps, "compile_s": compile_s, "dsv4_start_min": dsv4_start_min,
+                                           "stall_over_compile": stall_over_compile}
