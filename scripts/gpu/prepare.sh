@@ -27,10 +27,13 @@ cat "$OUT/machine.txt"
 mark "models built"
 echo "models built in $(( $(date +%s) - t0 )) s: $(cat "$OUT/model.json")"
 # the tool's validator against this vLLM (CPU work in this process; vLLM's config step in a child)
-timeout 150 "$PY" scripts/gpu/probe_prevalidate.py "$STAGE/tiny-moe" > "$OUT/prevalidate.txt" 2>&1 &
+timeout "${PROBE_S:-150}" "$PY" scripts/gpu/probe_prevalidate.py "$STAGE/tiny-moe" > "$OUT/prevalidate.txt" 2>&1 &
 probe=$!
 port=8123; ok=0; srv=
-for api in 4 1; do
+# CAPACITY=0 skips the capacity server (a short device budget: the study's own windows still record the
+# client's CPU and loop lag, and flag a saturated client)
+apis="4 1"; [ "${CAPACITY:-1}" = 0 ] && apis= && echo "capacity: skipped (CAPACITY=0)"
+for api in $apis; do
   CUDA_VISIBLE_DEVICES=0 setsid $VLLM_CMD serve "$STAGE/demo" --served-model-name demo --port $port \
     --host 127.0.0.1 --enforce-eager --attention-backend TRITON_ATTN --max-num-seqs 2048 \
     --max-num-batched-tokens 32768 --max-model-len 1024 --gpu-memory-utilization 0.3 \

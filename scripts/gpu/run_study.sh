@@ -11,6 +11,7 @@
 #         control if it speculates), the report and the export; then `dsv4-tune verify` serves
 #         best/serve.sh again and measures it; then everything is packed.
 # The study writes its results as it goes; both calls pack them into $OUT even when cut off (<= 8 files).
+# One call for both (a short device budget): NOPACK=1 bash scripts/gpu/run_study.sh start L1; bash scripts/gpu/run_study.sh finish L2
 # HW, OBJ, MODEL, TRIALS, PRICE, READY, CONFIRM_S, VERIFY_S override the defaults (rehearse.sh: on CPU).
 set -uo pipefail
 source scripts/gpu/env.sh
@@ -62,7 +63,7 @@ if [ "$mode" = start ]; then
   rc=$?
   mark "study run exit $rc; launched $(launched)"
   echo "study run exit $rc after $(( $(date +%s) - t0 )) s"
-  pack
+  [ "${NOPACK:-0}" = 1 ] || pack   # NOPACK=1: `finish` follows in the same call and packs
   exit 0
 fi
 
@@ -73,11 +74,16 @@ if [ ! -f "$study/study.json" ]; then   # a cold machine restaged: the study com
   mkdir -p "$RUNS" && tar -C "$RUNS" -xzf .gpu/resume/study.tar.gz && echo "study restored from call 3's pack"
 fi
 budget=$(( $(left) - CONFIRM_S - VERIFY_S - PACK_S - 15 ))
-mark "screening resume (budget $budget s)"
-timeout -s INT -k 30 $(( budget + 30 )) "$PY" -m tuner.cli resume "$STUDY" --runs-dir "$RUNS" --trials "$TRIALS" \
-  --budget "${budget}s" --no-export
-rc=$?; n=$(launched)
-mark "screening resume exit $rc; launched $n"
+if [ "$budget" -ge 60 ]; then   # less than a launch's worth: straight to the confirmation
+  mark "screening resume (budget $budget s)"
+  timeout -s INT -k 30 $(( budget + 30 )) "$PY" -m tuner.cli resume "$STUDY" --runs-dir "$RUNS" --trials "$TRIALS" \
+    --budget "${budget}s" --no-export
+  rc=$?
+  mark "screening resume exit $rc; launched $(launched)"
+else
+  mark "screening resume skipped (budget $budget s)"
+fi
+n=$(launched)
 # Screening is over (--trials = what launched): straight to the confirmation. Its own planner keeps a
 # whole ladder per repeat in hand, several times what one confirmation window takes, so the time box
 # here is the call's, not --budget's.

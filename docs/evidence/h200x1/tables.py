@@ -85,8 +85,14 @@ def launches(folder: Path) -> str:
     for r in _rows(folder, "launches.csv"):
         key = (r["kind"], r["launch"])
         w = chosen.get(key, {})
-        result = "ok" if r.get("feasible") == "True" or (r["kind"] == "reserve" and r.get("ok") == "True") else (
-            r.get("failure_class") or "infeasible")
+        if r.get("feasible") == "True" or (r["kind"] == "reserve" and r.get("ok") == "True"):
+            result = "ok"
+        elif r.get("failure_class"):
+            result = r["failure_class"]
+        elif not r.get("ready_s") and not r.get("ok"):
+            result = "not ready when its call's time box ended"   # stopped from outside: nothing recorded
+        else:
+            result = "infeasible"
         cache = r.get("compile_cache") or ("eager" if r.get("enforce-eager") == "True" else "–")
         rows.append([f"{r['kind']} {r['launch']}" + (f" ({r['baseline']})" if r.get("baseline") else ""), _flags(r),
                      _f(r.get("ready_s"), ".0f", " s"), cache, _f(r.get("graph_capture_s"), ".0f", " s"),
