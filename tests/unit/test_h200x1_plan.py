@@ -37,9 +37,9 @@ def test_profile_baselines_start_from_vllm_defaults_and_share_a_control() -> Non
     names = [b.name for b in profile.baselines]
     assert names[0] == "vllm-defaults"
     configs = {b.name: build_config(profile, b.values) for b in profile.baselines}
-    assert configs["ngram-2"].is_speculative
+    assert configs["ngram-3"].is_speculative
     # the speculative baseline's control IS the defaults baseline: no extra launch for it
-    assert configs["ngram-2"].control().key() == configs["vllm-defaults"].key()
+    assert configs["ngram-3"].control().key() == configs["vllm-defaults"].key()
     assert configs["eager"].args["enforce-eager"] is True and "cudagraph_mode" not in configs["eager"].args.get(
         "compilation-config", {})
     assert configs["fp8-kv"].args["kv-cache-dtype"] == "fp8"

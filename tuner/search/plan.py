@@ -217,7 +217,9 @@ def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoin
     resolved: Objective = objective_for(raw, objective)
     workload = resolved.workload
     ckpt_name = checkpoint or raw.server.checkpoint
-    if raw.hardware.accelerator == "cpu" and checkpoint is None:
+    if ckpt_name is None or (raw.hardware.accelerator == "cpu" and checkpoint is None):
+        # no catalogued checkpoint (the CPU demo, the GPU evidence profiles' generated models): the model
+        # comes with --model at run time, and `run` checks no weights against memory either
         profile = raw
         ckpt = _cpu_checkpoint()
     else:
@@ -271,7 +273,7 @@ def _workload_line(plan: Plan) -> str:
 
 
 def _cpu_checkpoint() -> Checkpoint:
-    """The CPU demo serves a tiny generated model: a negligible 'checkpoint' for the model."""
+    """A tiny generated model (the CPU demo, the GPU evidence runs): a negligible 'checkpoint' for it."""
     return Checkpoint(name="demo", repo="demo (generated tiny model)", size_gb=0.01, routed_experts_gb=0.001,
                       weights=WeightSplit(routed_experts="bf16", attention="bf16"), kv_bytes_per_token=2048)
 
