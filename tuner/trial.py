@@ -175,7 +175,8 @@ def _crash(ctx: TrialContext, server: ServerProcess, ready_offset: int, seen: Fa
                            "ready names no cause")
 
 
-def _scrape(server: ServerProcess, path: str) -> dict[Any, float]:
+def scrape_metrics(server: ServerProcess, path: str) -> dict[Any, float]:
+    """The server's Prometheus page as {(name, labels): value}; empty (and a warning) when it cannot be read."""
     try:
         resp = httpx.get(server.base_url + path, timeout=10.0, headers=server.headers)
         resp.raise_for_status()
@@ -314,7 +315,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                         phase(f"load {index + 1}/{repeats}")
                     run = measure(server.base_url, ctx.served_model_name, ctx.objective,
                                   vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
-                                  scrape=lambda: _scrape(server, ctx.engine.metrics_path), power=ctx.power,
+                                  scrape=lambda: scrape_metrics(server, ctx.engine.metrics_path), power=ctx.power,
                                   server_metrics=ctx.engine.metrics, first_job=next_job,
                                   units=ctx.engine.units, knee=knee)
                     next_job = run.next_job

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from tuner import store
@@ -32,10 +31,10 @@ from tuner.engines import LaunchSpec, ServerProcess, choose_port, stop_orphans, 
 from tuner.errors import LaunchError, StudyError
 from tuner.load.affinity import pinned
 from tuner.load.ladder import Measurement, measure
-from tuner.load.metrics import parse_prometheus
 from tuner.load.power import detect_power_reader
 from tuner.objective import Objective
 from tuner.study import Study
+from tuner.trial import scrape_metrics
 
 __all__ = ["VERIFY_DIR", "reserve_objective", "verify_export"]
 
@@ -59,16 +58,6 @@ def reserve_objective(study: Study, screened_concurrency: int | None, repeat: in
         update["concurrency"] = int(screened_concurrency)
     changes["workload"] = workload.model_copy(update=update)
     return objective.model_copy(update=changes)
-
-
-def _scrape(server: ServerProcess, path: str) -> dict[Any, float]:
-    try:
-        resp = httpx.get(server.base_url + path, timeout=10.0, headers=server.headers)
-        resp.raise_for_status()
-    except httpx.HTTPError as exc:
-        log.warning("could not read %s: %s", path, exc)
-        return {}
-    return dict(parse_prometheus(resp.text))
 
 
 def _served_name(best: Path) -> str | None:
@@ -138,7 +127,7 @@ def verify_export(study: Study, *, repeats: int | None = None,
         for index in range(repeats):
             run = measure(server.base_url, served, reserve_objective(study, chosen_c, index), vocab_size=ctx.vocab_size,
                           api_key=api_key, should_stop=should_stop or (lambda: False),
-                          scrape=lambda: _scrape(server, study.engine.metrics_path),
+                          scrape=lambda: scrape_metrics(server, study.engine.metrics_path),
                           server_metrics=study.engine.metrics, power=power)
             runs.append(run)
             log.info("verify: repeat %d/%d: %s = %s", index + 1, repeats, study.objective.metric,

@@ -11,9 +11,10 @@ exception and exit status 1.
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Sequence
 from typing import Any
+
+from tuner.engines.vllm.validate import cli_args_module
 
 __all__ = ["ServeArgsError", "nondefault_args", "parse_serve_args"]
 
@@ -29,13 +30,6 @@ class ServeArgsError(Exception):
         self.message = message
 
 
-def _cli_args_module() -> Any:
-    for name in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError:
-            continue
-    raise ModuleNotFoundError("vLLM's serve argument parser (cli_args) was not found")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = FlexibleArgumentParser(prog="vllm serve", usage="vllm serve [model_tag] [options]",  # type: ignore[no-untyped-call]
                                     description="Launch a local OpenAI-compatible API server to serve LLM "
                                                 "completions via HTTP.")
-    built: argparse.ArgumentParser = _cli_args_module().make_arg_parser(parser)
+    built: argparse.ArgumentParser = cli_args_module().make_arg_parser(parser)
     return built
 
 
@@ -59,7 +53,7 @@ def parse_serve_args(argv: Sequence[str], parser: argparse.ArgumentParser | None
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
     try:
-        _cli_args_module().validate_parsed_serve_args(args)
+        cli_args_module().validate_parsed_serve_args(args)
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         AsyncEngineArgs.from_cli_args(args)

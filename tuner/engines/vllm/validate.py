@@ -64,7 +64,7 @@ class _ParseError(Exception):
     """Raised by the parser in place of ``sys.exit``."""
 
 
-def _cli_args() -> Any:
+def cli_args_module() -> Any:
     """The module holding ``make_arg_parser``: ``vllm.entrypoints.launchers.cli_args`` since vLLM 0.3x,
     ``vllm.entrypoints.openai.cli_args`` before (0.26 on the H200 machine)."""
     import importlib
@@ -115,7 +115,7 @@ def vllm_available() -> bool:
 def _parser() -> argparse.ArgumentParser:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    make_arg_parser = _cli_args().make_arg_parser
+    make_arg_parser = cli_args_module().make_arg_parser
 
     class RaisingParser(FlexibleArgumentParser):  # type: ignore[misc]
         def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
@@ -206,7 +206,7 @@ def _parse_problems(argv: list[str]) -> tuple[list[str], Any]:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         args = _parser().parse_args(argv)
-        _cli_args().validate_parsed_serve_args(args)
+        cli_args_module().validate_parsed_serve_args(args)
         return [], AsyncEngineArgs.from_cli_args(args)
     except _ParseError as exc:
         return [str(exc)], None
