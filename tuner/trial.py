@@ -75,6 +75,9 @@ class TrialContext:
     knee: Callable[[ServeConfig], int] | None = None
     """A configuration's predicted KV knee (node concurrency), for an objective whose ladder is stepped
     relative to it (``knee_fractions``); the study sets it from the feasibility model."""
+    api_key: str | None = None
+    """The key every launch of the study is served with (:func:`tuner.store.study_api_key`); ``None``: a
+    fresh one per launch."""
 
 
 @dataclass(frozen=True)
@@ -256,7 +259,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                              "file whose ladder gives explicit steps")
         knee = ctx.knee(config)
         ctx = dataclasses.replace(ctx, objective=ctx.objective.for_knee(knee))
-    api_key = secrets.token_urlsafe(24)
+    api_key = ctx.api_key or secrets.token_urlsafe(24)
     port = choose_port(ctx.host, ctx.port)
     argv = launch_argv(ctx, config, port=port)
     split = ctx.cpu_split

@@ -95,7 +95,7 @@ def verify_export(study: Study, *, repeats: int | None = None,
 
     ctx = study.context()
     port = choose_port(ctx.host, study.record.port)
-    api_key = secrets.token_urlsafe(24)
+    api_key = ctx.api_key or secrets.token_urlsafe(24)
     served = _served_name(best) or ctx.served_model_name
     vllm_cmd = " ".join(ctx.vllm_cmd)  # serve.sh splits VLLM_CMD on blanks (read -a), as export writes it
     argv = [str(serve_sh), "--port", str(port)]

@@ -24,7 +24,8 @@ LOG_KEEP_BYTES = 200_000
 
 def _tar(src: Path, out: Path) -> int:
     with tarfile.open(out, "w:gz", compresslevel=6) as tar:
-        tar.add(src, arcname=src.name)
+        # the study's API key (tuner.store.API_KEY_FILE) stays on the machine
+        tar.add(src, arcname=src.name, filter=lambda info: None if info.name.endswith("/.api_key") else info)
     return out.stat().st_size
 
 

@@ -53,3 +53,12 @@ def test_both_compiled_and_loaded_ranges_are_mixed() -> None:
     text = WARM_TP1 + ("(EngineCore pid=2211) INFO 12-02 01:10:08 [backends.py:394] Compiling a graph for compile "
                        "range (8193, 16384) takes 6.02 s\n")
     assert startup_phases(text)["compile_cache"] == "mixed"
+
+
+def test_the_compile_key_is_the_cache_folder_each_launch_used() -> None:
+    # two launches with one key share their compiled graphs; the H200 run's four launches had four keys
+    # because each got its own VLLM_API_KEY, which vLLM 0.26 hashes (tuner.store.study_api_key)
+    line = ("(EngineCore pid=1062) INFO 12-02 01:16:39 [backends.py:1094] Using cache directory: "
+            "/root/.cache/vllm/torch_compile_cache/b78477c0bd/rank_0_0/backbone for vLLM's torch.compile\n")
+    assert startup_phases(line + WARM_TP1)["compile_key"] == "b78477c0bd"
+    assert "compile_key" not in startup_phases(WARM_TP1)

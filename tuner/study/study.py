@@ -221,7 +221,7 @@ class Study:
             served_model_name=Path(model).name if Path(model).exists() else model,
             cpu_split=plan_cpu_split(self.profile.server.client_cpus,
                                      bind_omp=self.profile.hardware.accelerator == "cpu"),
-            power=detect_power_reader(), knee=self.knee_predictor())
+            power=detect_power_reader(), knee=self.knee_predictor(), api_key=store.study_api_key(self.path))
 
     def startup_limits_s(self) -> tuple[float, float | None]:
         """The ready timeout and the start-up watchdog's stall time, in the seconds the launcher waits.

@@ -94,6 +94,8 @@ def launches(folder: Path) -> str:
         else:
             result = "infeasible"
         cache = r.get("compile_cache") or ("eager" if r.get("enforce-eager") == "True" else "–")
+        if r.get("compile_key"):
+            cache += f" (key {r['compile_key']})"
         rows.append([f"{r['kind']} {r['launch']}" + (f" ({r['baseline']})" if r.get("baseline") else ""), _flags(r),
                      _f(r.get("ready_s"), ".0f", " s"), cache, _f(r.get("graph_capture_s"), ".0f", " s"),
                      _f(w.get("concurrency"), ".0f"), _f(w.get("output_throughput")), _f(w.get("p95_ttft_ms")),

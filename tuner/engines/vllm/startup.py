@@ -5,7 +5,8 @@ compiles Python bytecode, Triton kernels and torch.compile's graphs; a later lau
 compile key loads the graphs from ``~/.cache/vllm/torch_compile_cache`` instead. :func:`startup_phases`
 turns the lines vLLM (0.26 on the H200 machine, 0.32 here) logs for each phase into seconds, and says
 whether the compiled graphs came from the cache (``hit``), were compiled (``miss``), or both
-(``mixed``: several compile ranges), so the launch times of a study can be read as what they are.
+(``mixed``: several compile ranges), and under which compile key (``compile_key``, the cache
+folder's hash), so the launch times of a study can be read as what they are.
 
 Every key is absent when its line is (an eager launch logs no compile and no capture).
 """
@@ -30,6 +31,8 @@ _LOADED = re.compile(r"Directly load the compiled graph\(s\) for compile range \
                      r"took ([\d.]+) s")
 _CAPTURE_GIB = re.compile(r"Graph capturing finished in [\d.]+ secs, took ([\d.]+) GiB")
 _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+# the compile key's folder: two launches with the same flags that name different folders compiled twice
+_CACHE_KEY = re.compile(r"Using cache directory: \S*/torch_compile_cache/([0-9a-f]+)/")
 
 
 def startup_phases(log_text: str) -> dict[str, Any]:
@@ -45,6 +48,9 @@ def startup_phases(log_text: str) -> dict[str, Any]:
         out["compile_cache"] = "mixed" if compiled and loaded else ("miss" if compiled else "hit")
         out["inductor_compile_s"] = round(sum(compiled), 2)
         out["cache_load_s"] = round(sum(loaded), 3)
+    keys = _CACHE_KEY.findall(log_text)
+    if keys:
+        out["compile_key"] = keys[-1]   # a log that holds several starts: the last one served
     capture = _CAPTURE_GIB.findall(log_text)
     if capture:
         out["graph_memory_gib"] = max(float(x) for x in capture)
