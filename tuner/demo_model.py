@@ -1,12 +1,20 @@
-"""The tiny generated model that the demo and the tests serve (no model hub is reachable).
+"""The tiny models the demo and the tests serve (no model hub is reachable).
 
-A byte-level BPE tokenizer trained on Python's own stdlib sources, carrying the DeepSeek-V4
-tokens (so vLLM's ``--tokenizer-mode deepseek_v4`` and its DSV4 parsers work with it), and a
-2-layer Llama with random bf16 weights (~2.2 M parameters, ~4.5 MB).
+**The demo model** (``--model demo``, ``dsv4-tune demo-model DIR``) ships with the package, in
+``tuner/demo/``: a 2-layer Llama (~2.2 M parameters, bf16, ~4.5 MB) whose tokenizer carries the
+DeepSeek-V4 tokens, trained on the shipped guard probes (``scripts/make_fixture.py``). So the demo
+runs the real DSV4 path, ``--tokenizer-mode deepseek_v4`` with vLLM's DSV4 reasoning and tool-call
+parsers, its tool calls and reasoning pass the gates, and its numerics are confident enough that the
+equivalence gate sees an FP8 KV cache drift (on random weights it cannot: every logprob is flat).
+``manifest.json`` beside the weights holds every file's sha256 and what the model was trained on;
+:func:`write_demo_model` copies the files out and checks them against it.
 
-The build is cached and atomic: it happens in a temporary sibling folder, the marker file is
-written last, and the folder is renamed into place. A folder without a matching marker is
-never trusted.
+**The random base** (:func:`build_demo_model`): a byte-level BPE tokenizer trained on Python's own
+stdlib sources, carrying the DeepSeek-V4 tokens, and the same 2-layer Llama with random weights.
+The demo model's tokenizer came from it once; the GPU evidence scripts build their own from it.
+
+Both writes are atomic: a temporary sibling folder, the marker (or manifest) checked or written
+last, and a rename into place. A folder without a matching marker is never trusted.
 """
 
 from __future__ import annotations
@@ -25,12 +33,16 @@ from typing import Any
 
 from tuner.errors import UsageError
 
-__all__ = ["DSV4_SPECIAL_TOKENS", "DSV4_TEXT_TOKENS", "MARKER_NAME", "RECIPE_VERSION", "build_demo_model"]
+__all__ = ["DSV4_SPECIAL_TOKENS", "DSV4_TEXT_TOKENS", "MANIFEST_NAME", "MARKER_NAME", "RECIPE_VERSION", "SHIPPED_DIR",
+           "build_demo_model", "file_sha256", "verify_model_dir", "write_demo_model"]
 
 log = logging.getLogger(__name__)
 
 RECIPE_VERSION = 1
 MARKER_NAME = "dsv4-tune-demo.json"
+MANIFEST_NAME = "manifest.json"
+SHIPPED_DIR = Path(__file__).resolve().parent / "demo"
+"""The demo model as it ships: weights, tokenizer, chat template and ``manifest.json``."""
 BPE_VOCAB_SIZE = 4096
 CORPUS_CAP_BYTES = 3 * 1024 * 1024
 
@@ -250,3 +262,86 @@ def swap_in(tmp_dir: Path, out_dir: Path, built_by_another: Callable[[], bool]) 
         if built_by_another():
             return
         raise
+
+
+# ---------------------------------------------------------------- the shipped demo model
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_model_dir(model_dir: Path) -> dict[str, Any]:
+    """Check every file ``manifest.json`` lists against its sha256; return the manifest.
+
+    Raises :class:`UsageError` naming each missing or changed file: a model that does not match its
+    manifest is not the model the manifest says was trained and checked.
+    """
+    model_dir = Path(model_dir)
+    try:
+        manifest = json.loads((model_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{model_dir / MANIFEST_NAME} is missing or unreadable ({exc}). Fix: regenerate the demo "
+                         "model with `python scripts/make_fixture.py build`, or reinstall dsv4-tune") from exc
+    problems = []
+    for name, entry in sorted(files.items()):
+        path = model_dir / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif file_sha256(path) != entry["sha256"]:
+            problems.append(f"{name} has sha256 {file_sha256(path)[:12]}…, the manifest says {entry['sha256'][:12]}…")
+    if problems:
+        raise UsageError(f"the model in {model_dir} does not match its manifest: {'; '.join(problems)}. Fix: "
+                         "regenerate it with `python scripts/make_fixture.py build` (and commit the new manifest), "
+                         "or restore the committed files")
+    return dict(manifest)
+
+
+def write_demo_model(out_dir: Path, *, source: Path = SHIPPED_DIR) -> Path:
+    """Write the shipped demo model into ``out_dir`` (or reuse a verified copy there) and return ``out_dir``.
+
+    The shipped files are checked against their manifest first, the copy after. A folder that holds
+    other files is refused (:class:`UsageError`), never overwritten.
+    """
+    out_dir = Path(out_dir)
+    manifest = verify_model_dir(source)
+    if out_dir.exists():
+        try:
+            if verify_model_dir(out_dir) == manifest:
+                log.debug("demo model already at %s", out_dir)
+                return out_dir
+        except UsageError:
+            pass
+        own = set(manifest["files"]) | {MANIFEST_NAME} | _OWN_FILES
+        foreign = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else [out_dir.name]
+        if not out_dir.is_dir() or set(foreign) - own:
+            raise UsageError(f"{out_dir} exists and is not a copy of the demo model (it holds "
+                             f"{', '.join(sorted(set(foreign) - own)[:5]) or 'a file'}). Fix: pick an empty or new "
+                             "folder")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".writing", dir=out_dir.parent))
+    try:
+        for name in sorted(manifest["files"]):
+            shutil.copyfile(source / name, tmp_dir / name)
+            (tmp_dir / name).chmod(0o644)
+        shutil.copyfile(source / MANIFEST_NAME, tmp_dir / MANIFEST_NAME)  # last: its presence says "complete"
+        (tmp_dir / MANIFEST_NAME).chmod(0o644)
+        tmp_dir.chmod(0o755)
+        verify_model_dir(tmp_dir)
+        swap_in(tmp_dir, out_dir, lambda: _is_copy(out_dir, manifest))
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    log.info("wrote the demo model to %s", out_dir)
+    return out_dir
+
+
+def _is_copy(out_dir: Path, manifest: dict[str, Any]) -> bool:
+    try:
+        return verify_model_dir(out_dir) == manifest
+    except UsageError:
+        return False

@@ -1,17 +1,20 @@
-"""Every gate passing and failing on a real vLLM CPU server, through the real DeepSeek V4 path.
+"""Every shipped gate passing and failing on a real vLLM CPU server, through the real DeepSeek V4 path.
 
-The tiny demo model is trained on the guard probes (tests/fixtures/trained_model.py, cached by content hash)
-and served with ``--tokenizer-mode deepseek_v4 --reasoning-parser deepseek_v4 --tool-call-parser
-deepseek_v4 --enable-auto-tool-choice``. Four launches in all, each shared by several tests:
+The committed trained fixture (the shipped demo model, ``tuner/demo/``, checked against its manifest;
+nothing trains here) is served with ``--tokenizer-mode deepseek_v4 --reasoning-parser deepseek_v4
+--tool-call-parser deepseek_v4 --enable-auto-tool-choice``, and the gates are the shipped ones with the
+CPU profile's reference numerics (auto KV, bf16). Four launches in all, each shared by several tests:
 
-- ``good``: the DSV4 flags, auto KV → every gate passes; it records the study's reference;
-- ``no_parsers_short``: no reasoning or tool-call parser, and ``--max-model-len`` 240 below the
-  256-token needle prompt → tool_call, reasoning and needle fail, each for its own reason, while
-  equivalence passes (neither change touches numerics);
-- ``fp8``: fp8 KV cache → equivalence drifts past its threshold, every other gate passes;
+- ``good``: the DSV4 flags, auto KV, the CPU profile's 2048-token context → every gate passes; it
+  records the study's reference;
+- ``no_parsers_short``: no reasoning or tool-call parser, ``--max-model-len`` 1024 → tool_call and
+  reasoning fail, each for its own reason; the needle is sized to the 1024 tokens this launch
+  allocated; equivalence passes (neither change touches numerics);
+- ``fp8``: fp8 KV cache on a profile whose reference KV dtype is auto → equivalence drifts past its
+  threshold, every other gate passes;
 - ``speculative``: ngram speculation → checked against the reference and its no-speculation control.
 
-Run alone (2 cores): ``flock /tmp/vllm-server.lock pytest tests/integration/test_guards.py``.
+Run alone (2 cores): ``flock /tmp/dsv4-vllm.lock pytest tests/integration/test_guards.py``.
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ import httpx
 import pytest
 
 from tests.conftest import vllm_cli
+from tests.fixtures.answers import ANSWERS
+from tests.fixtures.trained_model import NEEDLE_CONTEXT_TOKENS, trained_fixture
 from tuner.engines.process import LaunchSpec, ServerProcess, free_port
+from tuner.engines.vllm.logs import kv_tokens_from_log
 from tuner.errors import LaunchError
 from tuner.guards import Suite, load_suite
 from tuner.guards.api import GuardReport, GuardTarget
+from tuner.search.profile import load_profile, reference_requires
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -37,22 +44,20 @@ DSV4_FLAGS = ["--tokenizer-mode", "deepseek_v4", "--reasoning-parser", "deepseek
               "--tool-call-parser", "deepseek_v4", "--enable-auto-tool-choice"]
 GUARDS = ["tool_call", "reasoning", "needle", "equivalence"]
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+AUTO = {"kv-cache-dtype": "auto", "dtype": "bfloat16"}
 LAUNCHES: dict[str, dict[str, Any]] = {
-    "good": {"flags": DSV4_FLAGS, "args": {"kv-cache-dtype": "auto"}, "max_model_len": 1024},
-    "no_parsers_short": {"flags": ["--tokenizer-mode", "deepseek_v4"], "args": {"kv-cache-dtype": "auto"},
-                         "max_model_len": 240},
-    "fp8": {"flags": [*DSV4_FLAGS, "--kv-cache-dtype", "fp8"], "args": {"kv-cache-dtype": "fp8"},
-            "max_model_len": 1024},
-    "speculative": {"flags": [*DSV4_FLAGS, "--speculative-config", NGRAM], "args": {"kv-cache-dtype": "auto"},
-                    "max_model_len": 1024, "speculative": True},
+    "good": {"flags": DSV4_FLAGS, "args": AUTO, "max_model_len": NEEDLE_CONTEXT_TOKENS},
+    "no_parsers_short": {"flags": ["--tokenizer-mode", "deepseek_v4"], "args": AUTO, "max_model_len": 1024},
+    "fp8": {"flags": [*DSV4_FLAGS, "--kv-cache-dtype", "fp8"], "args": {**AUTO, "kv-cache-dtype": "fp8"},
+            "max_model_len": NEEDLE_CONTEXT_TOKENS},
+    "speculative": {"flags": [*DSV4_FLAGS, "--speculative-config", NGRAM], "args": AUTO,
+                    "max_model_len": NEEDLE_CONTEXT_TOKENS, "speculative": True},
 }
 
 
 @pytest.fixture(scope="module")
-def trained(demo_model: Path) -> Path:
-    from tests.fixtures.trained_model import train_fixture
-
-    return train_fixture(demo_model)
+def trained() -> Path:
+    return trained_fixture()
 
 
 def _launch(model: Path, name: str, workdir: Path) -> ServerProcess:
@@ -74,7 +79,8 @@ def _launch(model: Path, name: str, workdir: Path) -> ServerProcess:
 def runs(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Each launch once, in order: its guard report, and what a test wants to ask the live server."""
     study = tmp_path_factory.mktemp("study")
-    suite = load_suite(GUARDS)
+    suite = load_suite(GUARDS, reference_requires=reference_requires(load_profile("cpu")),
+                       reference_source="hardware profile cpu")
     assert isinstance(suite, Suite)
     out: dict[str, Any] = {"study": study, "suite": suite}
     for i, name in enumerate(LAUNCHES):
@@ -94,7 +100,8 @@ def runs(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
             spec = bool(cfg.get("speculative"))
             target = GuardTarget(base_url=server.base_url, headers=server.headers, model="fixture",
                                  trial_dir=tdir, study_dir=study, params={}, args=cfg["args"],
-                                 is_speculative=spec, control_key="key-good" if spec else None)
+                                 is_speculative=spec, control_key="key-good" if spec else None,
+                                 kv_cache_tokens=kv_tokens_from_log(server.log_path.read_text(errors="replace")))
             out[name] = suite.run(target)
             (tdir / "guards.json").write_text(json.dumps(out[name].to_json(), indent=1))
             if name == "good":
@@ -119,19 +126,27 @@ def _result(report: GuardReport, name: str) -> Any:
     return next(r for r in report.results if r.name == name)
 
 
-def test_fixture_trains_on_the_ids_the_server_renders(runs: dict[str, Any], trained: Path, demo_model: Path) -> None:
+def test_fixture_trains_on_the_ids_the_server_renders(runs: dict[str, Any], trained: Path) -> None:
     from transformers import AutoTokenizer
 
     from tests.fixtures.trained_model import training_examples
 
-    examples = training_examples(AutoTokenizer.from_pretrained(demo_model))
-    assert list(examples[0].prompt_ids) == runs["rendered"]
+    examples = {e.name: e for e in training_examples(AutoTokenizer.from_pretrained(trained))}
+    assert list(examples["tool_call/weather"].prompt_ids) == runs["rendered"]
+    needle = _result(runs["good"], "needle")  # the server counted the needle prompts the fixture was trained on
+    trained_lengths = [len(examples[f"needle/{p['depth']:g}"].prompt_ids) for p in needle.evidence["probes"]]
+    assert [p["prompt_tokens"] for p in needle.evidence["probes"]] == trained_lengths
 
 
 def test_all_gates_pass_with_the_dsv4_flags(runs: dict[str, Any]) -> None:
     report: GuardReport = runs["good"]
     assert report.passed, report.reason
     assert "recorded the study's reference" in _result(report, "equivalence").detail
+    # The gates judged meaning; the fixture, trained word for word, said its own sentences.
+    reasoning = _result(report, "reasoning").evidence["probes"]
+    assert reasoning[0]["response"] == {"reasoning": ANSWERS["reasoning/arithmetic"]["reasoning"],
+                                        "content": ANSWERS["reasoning/arithmetic"]["content"]}
+    assert reasoning[1]["round_trip_response"]["content"] == ANSWERS["reasoning/population-lookup"]["round_trip"]
 
 
 def test_without_parsers_tool_call_and_reasoning_fail(runs: dict[str, Any]) -> None:
@@ -144,9 +159,13 @@ def test_without_parsers_tool_call_and_reasoning_fail(runs: dict[str, Any]) -> N
     assert equivalence.evidence["vs_reference"]["max_drift_nats"] <= 1e-6
 
 
-def test_context_below_the_needle_fails_retrieval(runs: dict[str, Any]) -> None:
-    needle = _result(runs["no_parsers_short"], "needle")
-    assert not needle.passed and "HTTP 400" in needle.detail and "240" in needle.detail
+def test_the_needle_is_sized_from_the_context_each_launch_allocated(runs: dict[str, Any]) -> None:
+    for name in ("good", "no_parsers_short"):
+        needle = _result(runs[name], "needle")
+        allocated = LAUNCHES[name]["max_model_len"]
+        assert needle.evidence["max_model_len"] == allocated and needle.evidence["kv_cache_tokens"] >= allocated
+        prompts = [p["prompt_tokens"] for p in needle.evidence["probes"]]
+        assert len(prompts) == 3 and all(0.85 * allocated <= n <= 0.9 * allocated for n in prompts), (name, prompts)
     assert _result(runs["good"], "needle").passed
 
 

@@ -96,7 +96,10 @@ def _vllm_render(demo: Path, messages: list[dict[str, Any]], tools: list[dict[st
     return out
 
 
-def test_fixture_rendering_equals_vllm_tokenizer(enc: ModuleType, demo_model: Path) -> None:
+def test_fixture_rendering_equals_vllm_tokenizer(enc: ModuleType) -> None:
+    from tests.fixtures.trained_model import trained_fixture
+
+    fixture = trained_fixture()
     spec = load_spec(resolve("guards", "reasoning"))
     assert isinstance(spec, ReasoningSpec)
     probe = spec.carry_probes[0]
@@ -109,4 +112,4 @@ def test_fixture_rendering_equals_vllm_tokenizer(enc: ModuleType, demo_model: Pa
         (list(probe.messages), False),
     ):
         ours = render_prompt(enc, messages, probe.tools, thinking=thinking)
-        assert ours == _vllm_render(demo_model, messages, probe.tools, thinking)
+        assert ours == _vllm_render(fixture, messages, probe.tools, thinking)

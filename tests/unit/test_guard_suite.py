@@ -136,7 +136,8 @@ def test_tool_call_round_trip_passes_and_sends_the_dsv4_shapes(fake: tuple[_Serv
     state.handler = handler
     result = ToolCallGuard("tool_call", TOOL_SPEC).run(_target(url, tmp_path))
     assert result.passed, result.detail
-    (p1, first, auth), (_, second, _), (_, streamed, _) = state.requests
+    chats = [r for r in state.requests if r[0] != "/tokenize"]  # each turn's prompt is counted first
+    (p1, first, auth), (_, second, _), (_, streamed, _) = chats
     # the same probe, streamed (with usage, to tell an answer cut at max_tokens), after the round trip
     assert streamed == {**first, "stream": True, "stream_options": {"include_usage": True}}
     assert result.evidence["probes"][0]["streamed_response"]["tool_calls"] == [
@@ -339,3 +340,63 @@ def test_suite_contains_a_crashing_guard_and_gates_the_reference(fake: tuple[_Se
     assert not eq.reference_path(tmp_path).exists()
     assert "elapsed_s" in report.results[0].evidence
     json.dumps(report.to_json())  # guards.json must serialize
+
+
+def test_the_reference_is_recorded_under_the_profiles_own_numerics(fake: tuple[_Server, str], tmp_path: Path) -> None:
+    """Issue 14, finding 1: on gh200x4 (FP8 KV fixed) the recipe baseline records the reference; before, the
+    shipped ``reference_requires: {kv-cache-dtype: [null, auto]}`` refused every trial of every DSV4 profile."""
+    from tuner.guards import load_suite
+    from tuner.search.profile import load_profile, reference_requires
+
+    state, url = fake
+    state.handler = _Model()
+    policy = reference_requires(load_profile("gh200x4"))
+    assert policy["kv-cache-dtype"] == ["fp8"] and policy["moe-backend"] == ["auto", None]
+    suite = load_suite(["equivalence"], reference_requires=policy, reference_source="hardware profile gh200x4")
+    guard = suite.guards[0]  # type: ignore[attr-defined]
+    baseline = {"kv-cache-dtype": "fp8", "moe-backend": "auto", "all2all-backend": "allgather_reducescatter"}
+    humming = {**baseline, "moe-backend": "humming"}
+    early = guard.run(_target(url, tmp_path, trial="t0", args=humming))
+    assert not early.passed
+    assert "--moe-backend='humming' is not the reference numerics' 'auto' (or unset)" in early.detail
+    assert "hardware profile gh200x4" in early.detail and "recipe baselines first" in early.detail
+    assert "let a trusted baseline (no speculation) run first" not in early.detail  # the old, wrong hint
+    recorded = guard.run(_target(url, tmp_path, trial="t1", args=baseline))
+    assert recorded.passed and "recorded the study's reference" in recorded.detail
+    compared = guard.run(_target(url, tmp_path, trial="t2", args=humming))  # another MoE backend: compared
+    assert compared.passed and compared.evidence["vs_reference"]["mean_drift_nats"] == 0
+
+
+def test_a_guard_file_that_sets_reference_requires_wins_over_the_profile(tmp_path: Path) -> None:
+    from tuner.guards import load_suite
+
+    path = tmp_path / "eq.yaml"
+    path.write_text("kind: equivalence\nprobes: [{name: a, prompt: hi}]\n"
+                    "reference_requires: {kv-cache-dtype: [fp8_e5m2]}\n"
+                    "thresholds: {max_mean_drift_nats: 0.1, max_token_drift_nats: 1, max_tie_gap_nats: 0.1}\n")
+    suite = load_suite([str(path)], reference_requires={"kv-cache-dtype": ["fp8"]})
+    assert suite.guards[0].spec.reference_requires == {"kv-cache-dtype": ["fp8_e5m2"]}  # type: ignore[attr-defined]
+
+
+def test_max_tokens_is_cut_to_the_room_the_prompt_leaves(fake: tuple[_Server, str], tmp_path: Path) -> None:
+    """A thinking probe asks 4,096 tokens; on a 2,048-token launch vLLM refused it with HTTP 400 ("max_tokens=4096
+    cannot be greater than max_model_len=2048"), so the gate failed on a correct server. Now the prompt is counted
+    with the server's /tokenize and max_tokens cut to what the context has left."""
+    from tuner.guards.http import GuardClient
+
+    state, url = fake
+
+    def handler(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if path == "/tokenize":
+            return 200, {"count": 300, "max_model_len": 2048, "tokens": [1] * 300}
+        return _chat({"content": "42"})
+
+    state.handler = handler
+    with GuardClient(_target(url, tmp_path), 10) as client:
+        client.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096,
+                     "chat_template_kwargs": {"thinking": True}})
+        client.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16})
+    (p0, counted, _), (_, sent, _), (_, _, _), (_, small, _) = state.requests
+    assert p0 == "/tokenize" and counted["add_generation_prompt"] is True
+    assert counted["chat_template_kwargs"] == {"thinking": True} and "max_tokens" not in counted
+    assert sent["max_tokens"] == 2048 - 300 and small["max_tokens"] == 16

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trials", type=positive_int, help="stop after this many launches")
     run.add_argument("--budget", help="stop before this much wall time is spent, e.g. 8h, 90m")
     run.add_argument("--study", help="study name (default: <hw>-<objective>-<timestamp>)")
-    run.add_argument("--model", help="model path or hub id (default: the hardware profile's; 'demo' = generated)")
+    run.add_argument("--model", help="model path or hub id (default: the hardware profile's; 'demo' = the shipped "
+                     "tiny DSV4-token model)")
     run.add_argument("--vllm-cmd", default=default_engine().default_command,
                      help="how to start vLLM: a path, 'python3 -m vllm.entrypoints.cli.main', or a prefix")
     run.add_argument("--port", type=int, help="server port (default: a free one)")
@@ -133,9 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--budget")
     plan.add_argument("--checkpoint")
 
-    demo = sub.add_parser("demo-model", help="generate the tiny demo model (tokenizer + random weights)")
+    demo = sub.add_parser("demo-model", help="write the shipped tiny demo model (DSV4 tokens, trained on the gates' "
+                          "probes) to DIR")
     demo.add_argument("dir", type=Path)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--random", action="store_true", help="instead generate a tiny model with random weights")
+    demo.add_argument("--seed", type=int, default=0, help="with --random: the seed of the weights")
     SCALEOUT.update(scaleout.add_commands(sub))
     rehearse.add_command(sub)
     return parser
@@ -353,9 +356,9 @@ def _prior_section(hw: str, objective: str | None, checkpoint: str | None) -> st
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
-    from tuner.demo_model import build_demo_model
+    from tuner.demo_model import build_demo_model, write_demo_model
 
-    out = build_demo_model(args.dir, seed=args.seed)
+    out = build_demo_model(args.dir, seed=args.seed) if args.random else write_demo_model(args.dir)
     console.print(f"demo model ready: {out}")
     return 0
 

@@ -62,7 +62,36 @@ class GuardClient:
 
     def chat(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """One non-streamed chat completion; returns the whole response body."""
-        return self.post("/v1/chat/completions", {"model": self.target.model, **payload})
+        return self.post("/v1/chat/completions", {"model": self.target.model, **self.fit_to_context(payload)})
+
+    def fit_to_context(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """``payload`` with ``max_tokens`` cut to the room its prompt leaves in the served context.
+
+        A probe's ``max_tokens`` is sized for a model that reasons at length (4,096 on thinking probes),
+        and vLLM refuses a request whose ``max_tokens`` passes ``max_model_len`` less the prompt (HTTP 400)
+        rather than stop at the context's end. So the prompt is counted with the server's own ``/tokenize``
+        (which also names ``max_model_len``) and ``max_tokens`` is cut to what is left: on a 2,048-token
+        CPU launch, or the 4,096 of ``mi325x1``, the answer then ends where the context ends, and one cut
+        short says so ("cut at max_tokens"). A server whose ``/tokenize`` does not answer with both
+        figures gets the payload as it is.
+        """
+        wanted = payload.get("max_tokens")
+        if not isinstance(wanted, int):
+            return dict(payload)
+        count = {k: payload[k] for k in ("messages", "tools", "chat_template_kwargs") if k in payload}
+        try:
+            body = self.post("/tokenize", {"model": self.target.model, **count, "add_generation_prompt": True})
+        except ProbeFailure as exc:
+            log.debug("max_tokens not fitted to the context: %s", exc)
+            return dict(payload)
+        limit, prompt = body.get("max_model_len"), body.get("count")
+        if not isinstance(limit, int) or not isinstance(prompt, int):
+            return dict(payload)
+        room = limit - prompt
+        if room < 1:
+            raise ProbeFailure(f"the prompt ({prompt} tokens) leaves no room in the served context "
+                               f"(max_model_len {limit})")
+        return {**payload, "max_tokens": min(wanted, room)}
 
     def chat_stream(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """One streamed chat completion, folded into the message a non-streamed call returns.
@@ -73,6 +102,7 @@ class GuardClient:
         and reasoning in streams with separate code (the parsers' ``*_streaming`` methods).
         """
         path = "/v1/chat/completions"
+        payload = self.fit_to_context(payload)
         stream = Stream(chat=True, keep_text=True)
         body = {"model": self.target.model, **payload, "stream": True, "stream_options": {"include_usage": True}}
         try:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import catalog
-from tuner.demo_model import build_demo_model
+from tuner.demo_model import write_demo_model
 from tuner.errors import StudyLockedError, UsageError
 from tuner.load.power import detect_power_reader, power_unavailable_reason
 from tuner.objective import ENERGY_METRICS, Objective
@@ -113,16 +113,16 @@ class StudyLock:
 
 
 def resolve_model(model: str, runs_dir: Path) -> str:
-    """``demo`` → the generated tiny model; a local path must exist; anything else is a hub id."""
+    """``demo`` → the shipped demo model, written out once; a local path must exist; anything else is a hub id."""
     if model == DEMO_MODEL:
-        return str(build_demo_model(runs_dir / "_models" / "demo").resolve())
+        return str(write_demo_model(runs_dir / "_models" / "demo").resolve())
     path = Path(model).expanduser()
     if path.exists():
         return str(path.resolve())
     if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1:
         raise UsageError(f"--model {model!r}: no such file or directory. Fix: give the path of a model "
                          "folder (with config.json), a hub id such as deepseek-ai/DeepSeek-V4-Flash-0731, "
-                         "or 'demo' for the generated tiny model")
+                         "or 'demo' for the shipped tiny demo model")
     return model
 
 
