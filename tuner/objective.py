@@ -232,7 +232,8 @@ class Objective(BaseModel):
     @classmethod
     def _energy_metric_direction(cls, data: object) -> object:
         """An energy metric has one sensible direction: filled in when absent, an error when reversed."""
-        if isinstance(data, Mapping) and data.get("metric") in ENERGY_METRICS:
+        metric = data.get("metric") if isinstance(data, Mapping) else None
+        if isinstance(data, Mapping) and isinstance(metric, str) and metric in ENERGY_METRICS:
             wanted = ENERGY_METRICS[str(data["metric"])]
             if "direction" not in data:
                 return {**data, "direction": wanted}
