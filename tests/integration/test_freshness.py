@@ -1,9 +1,11 @@
 """Measured windows send prompts the server has not seen: proved by the real vLLM CPU server's own counters.
 
-One server serves the tiny demo model with prefix caching on (``--enable-prefix-caching``, block size
-32). Two measurements on it, the second starting where the first stopped (as a confirmation's repeats
-do), show no prefix-cache hit in any window. The old behaviour, a second measurement that starts at
-prompt 0 again (each repeat re-sending jobs 0..n), hits the cache, and the window check refuses it.
+The server the load tests share (``vllm_cpu_server``, tests/cpu_server.py) serves the tiny demo model
+with prefix caching on (``--enable-prefix-caching``, block size 32); this test's prompts come from seed
+0, which no other user of that server draws. Two measurements on it, the second starting where the
+first stopped (as a confirmation's repeats do), show no prefix-cache hit in any window. The old
+behaviour, a second measurement that starts at prompt 0 again (each repeat re-sending jobs 0..n), hits
+the cache, and the window check refuses it.
 Then one real trial with two repeats in one launch (``run_trial``, the confirmation path) records no
 hit in either repeat. Run under ``flock /tmp/dsv4-vllm.lock``: it starts servers.
 """
@@ -11,7 +13,6 @@ hit in either repeat. Run under ``flock /tmp/dsv4-vllm.lock``: it starts servers
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ import httpx
 import pytest
 
 from tests.conftest import vllm_cli
+from tests.cpu_server import SharedServer
 from tuner.engines import default_engine
-from tuner.engines.process import LaunchSpec, ServerProcess, free_port
 from tuner.load.affinity import plan_cpu_split
 from tuner.load.ladder import LadderSpec, Measurement, measure
 from tuner.load.metrics import parse_prometheus
@@ -45,31 +46,13 @@ OBJECTIVE = Objective(
                       stop_on_client_saturation=False))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[ServerProcess]:
-    cli = vllm_cli()
-    assert cli is not None
-    workdir = tmp_path_factory.mktemp("fresh-server")
-    port = free_port()
-    engine = default_engine()
-    flags = engine.flags(ARGS)
-    spec = LaunchSpec(argv=[cli, "serve", str(demo_model), "--host", "127.0.0.1", "--port", str(port),
-                            "--served-model-name", SERVED, *flags],
-                      env={**ENV, **engine.server_env(SPLIT, ARGS), "VLLM_CACHE_ROOT": str(workdir / "cache")},
-                      host="127.0.0.1", port=port, workdir=workdir, ready_timeout_s=300,
-                      cpus=SPLIT.server if SPLIT else None)
-    with ServerProcess(spec) as proc:
-        proc.wait_ready()
-        yield proc
-
-
-def _measure(server: ServerProcess, first_job: int) -> Measurement:
+def _measure(server: SharedServer, first_job: int) -> Measurement:
     def scrape() -> dict[Any, float]:
         return dict(parse_prometheus(httpx.get(server.base_url + "/metrics", timeout=10).text))
 
-    return measure(server.base_url, SERVED, OBJECTIVE, vocab_size=VOCAB, api_key=None, should_stop=lambda: False,
-                   scrape=scrape, server_metrics=default_engine().metrics, request_timeout_s=300,
-                   first_job=first_job)
+    return measure(server.base_url, SERVED, OBJECTIVE, vocab_size=server.vocab_size, api_key=None,
+                   should_stop=lambda: False, scrape=scrape, server_metrics=default_engine().metrics,
+                   request_timeout_s=300, first_job=first_job)
 
 
 def _hits(m: Measurement) -> list[tuple[float, float]]:
@@ -77,7 +60,8 @@ def _hits(m: Measurement) -> list[tuple[float, float]]:
 
 
 def test_windows_on_one_server_send_fresh_prompts_and_the_old_restart_at_prompt_0_is_refused(
-        server: ServerProcess) -> None:
+        vllm_cpu_server: SharedServer) -> None:
+    server = vllm_cpu_server
     first = _measure(server, 0)
     second = _measure(server, first.next_job)
     assert [s.first_job for s in (*first.steps, *second.steps)] == [0, 6, 12, 18]
