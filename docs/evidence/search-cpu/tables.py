@@ -60,4 +60,18 @@ def launches(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"methods": methods, "launches": launches}
+def sweep_seqs(folder: Path) -> str:
+    """The max-num-seqs values ``vllm bench sweep serve`` reached within its budget (its grid's first rows)."""
+    seqs = sorted({t["params"]["max_num_seqs"] for t in _data(folder)["methods"]["sweep"]["trials"]})
+    return " and ".join(str(s) for s in seqs)
+
+
+def trial_seconds(folder: Path) -> str:
+    """The wall time of the study's launched trials (start-up and load), shortest to longest."""
+    durations = [t["duration_s"] for name, m in _data(folder)["methods"].items() if name != "sweep"
+                 for t in m["trials"] if t.get("duration_s") is not None]
+    return f"{min(durations):.0f}–{max(durations):.0f} s"
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"methods": methods, "launches": launches, "sweep_seqs": sweep_seqs,
+                                           "trial_seconds": trial_seconds}

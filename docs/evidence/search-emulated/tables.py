@@ -160,6 +160,47 @@ def total(folder: Path) -> str:
     return f"{data['runs']} runs in {data['runs_wall_s'] / 60:.0f} minutes"
 
 
+def _per_seed(folder: Path, node: str, search: str, target: str) -> list[int | None]:
+    return list(_summary(folder)["nodes"][node][search][target]["per_seed"])
+
+
+def model_reached_98(folder: Path) -> str:
+    """On how many seeds of each node ``--prior model`` reached 98 % within its cap (section 5)."""
+    counts = {node: (per["model"]["to_98"]["reached"], per["model"]["seeds"])
+              for node, per in _summary(folder)["nodes"].items()}
+    if all(r == n for r, n in counts.values()) and len({n for _, n in counts.values()}) == 1:
+        return f"on all {next(iter(counts.values()))[1]} seeds of both nodes"
+    return "on " + " and ".join(f"{r}/{n} {node} seeds" for node, (r, n) in counts.items())
+
+
+def model_gh200_98_worst(folder: Path) -> str:
+    """The most launches ``--prior model`` took to 98 % on any gh200x4 seed (None: a seed never got there)."""
+    seeds = _per_seed(folder, "gh200x4", "model", "to_98")
+    return "never within its cap on some seed" if None in seeds else f"always within {max(s for s in seeds if s)}"
+
+
+def model_h200_95_launches(folder: Path) -> str:
+    """The launches at which ``--prior model`` reached 95 % on h200x8, over every seed."""
+    seeds = [s for s in _per_seed(folder, "h200x8", "model", "to_95") if s is not None]
+    return f"launch {seeds[0]}" if min(seeds) == max(seeds) else f"launches {min(seeds)}–{max(seeds)}"
+
+
+def gp_missed_98_h200(folder: Path) -> str:
+    e = _summary(folder)["nodes"]["h200x8"]["gp"]
+    return f"{e['seeds'] - e['to_98']['reached']} of {e['seeds']}"
+
+
+def tpe_vs_default_h200(folder: Path) -> str:
+    """TPE without group against the grouped TPE that was the default, on h200x8 (medians over seeds)."""
+    per = _summary(folder)["nodes"]["h200x8"]
+    t, d = per["tpe"], per["default"]
+    return (f"95 % in a median {t['to_95']['median']:g} launches against the grouped TPE's {d['to_95']['median']:g} "
+            f"(the default before), and 98 % in {t['to_98']['median']:g} against {d['to_98']['median']:g}")
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "total": total, "launches": launches, "goal": goal, "stop": stop, "chance": chance, "agreement": agreement,
-    "noise": noise, "stress": stress, "stress_stop": stress_stop, "wall": wall}
+    "noise": noise, "stress": stress, "stress_stop": stress_stop, "wall": wall,
+    "model_reached_98": model_reached_98, "model_gh200_98_worst": model_gh200_98_worst,
+    "model_h200_95_launches": model_h200_95_launches, "gp_missed_98_h200": gp_missed_98_h200,
+    "tpe_vs_default_h200": tpe_vs_default_h200}
