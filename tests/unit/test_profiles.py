@@ -170,3 +170,17 @@ def test_bad_checkpoint_catalog_names_key(tmp_path: Path) -> None:
     with pytest.raises(CatalogError) as info:
         load_catalog(path)
     assert info.value.key == "checkpoints.a.sizee"
+
+
+def test_a_cpu_profile_without_a_scale_runs_the_demo_scale_and_a_gpu_one_the_node_scale() -> None:
+    # a user's own CPU profile (and the fault tests') once stopped with "steps its ladder by the KV knee ...
+    # only for a catalogued checkpoint": the objectives' top level is a GPU node's workload
+    from tuner.search.profile import HardwareProfile
+
+    base = {"name": "mine", "levers": {"max-num-seqs": {"choices": [4, 8]}}}
+    cpu = HardwareProfile.model_validate({**base, "hardware": {"accelerator": "cpu", "device_name": "x86",
+                                                               "device_count": 1, "memory_per_device_gb": 1}})
+    assert cpu.server.workload_scale == "demo"
+    gpu = HardwareProfile.model_validate({**base, "hardware": {"accelerator": "nvidia", "device_name": "H200",
+                                                               "device_count": 1, "memory_per_device_gb": 141}})
+    assert gpu.server.workload_scale is None

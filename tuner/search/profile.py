@@ -322,6 +322,21 @@ class HardwareProfile(_Strict):
     baselines: list[Baseline] = Field(default_factory=list)
     guards: ProfileGuards = Field(default_factory=ProfileGuards)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_cpu_runs_the_demo_scale(cls, data: object) -> object:
+        """A CPU profile that names no ``server.workload_scale`` runs the objectives' ``demo`` scale.
+
+        The top level of an objective is a GPU node's workload, whose ladder steps through the KV knee
+        of a catalogued checkpoint; a CPU host serves a tiny model, and would refuse to start for want
+        of a checkpoint (a user's own CPU profile, or a test's)."""
+        if isinstance(data, Mapping):
+            hardware, server = data.get("hardware"), data.get("server") or {}
+            if isinstance(hardware, Mapping) and hardware.get("accelerator") == "cpu" \
+                    and isinstance(server, Mapping) and "workload_scale" not in server:
+                return {**data, "server": {**server, "workload_scale": "demo"}}
+        return data
+
     @model_validator(mode="after")
     def _references_exist(self) -> HardwareProfile:
         for problem in profile_problems(self):
