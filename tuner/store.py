@@ -110,27 +110,19 @@ def safe_env(env: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if SECRET_NAME.search(k) else v) for k, v in env.items()}
 
 
-API_KEY_FILE = ".api_key"
+_API_KEYS: dict[str, str] = {}
 
 
 def study_api_key(study_path: Path) -> str:
-    """The API key every launch of a study is served with: made once, kept in the study (owner-only, 0600).
+    """The API key every launch of a study is served with in this process: made once, kept in memory only.
 
     One key per study, not per launch: vLLM 0.26 hashes every ``VLLM_*`` variable it does not list as
     ignored into its torch.compile cache key, ``VLLM_API_KEY`` included, so a fresh key per launch made
     every launch on the H200 compile again (four launches, four cache folders: docs/evidence/h200.md).
-    The key never leaves the study folder: command files mask it and the export leaves it out.
+    It is never written down (command files mask it, the export leaves it out), so a resumed study, a new
+    process, makes a new one: one compile more, and no secret on disk.
     """
-    path = study_path / API_KEY_FILE
-    study_path.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    key = secrets.token_urlsafe(24)
-    with os.fdopen(fd, "w") as f:
-        f.write(key)
-    return key
+    return _API_KEYS.setdefault(str(study_path.resolve()), secrets.token_urlsafe(24))
 
 
 def study_dir(runs_dir: Path, name: str) -> Path:

