@@ -112,6 +112,20 @@ def _requests_running(port: int) -> Callable[[], bool]:
     return check
 
 
+def _requests_completed(port: int, at_least: int) -> Callable[[], bool]:
+    """The measured load has finished requests: vLLM's own counter ``vllm:request_success_total`` (all finish
+    reasons) has reached ``at_least``. Requests merely running is not enough: on a busy machine the kill
+    then lands before any measured request completes, and the trial has nothing to count as completed."""
+    def check() -> bool:
+        try:
+            page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            return False
+        return sum(value for (name, _labels), value in parse_prometheus(page).items()
+                   if name == "vllm:request_success_total") >= at_least
+    return check
+
+
 def _gone(pgid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -169,7 +183,8 @@ def _night(runs: Path, study: Path, root: Path, demo_model: Path, obs: dict[str,
         obs["t3_api_key"] = server_env.get("VLLM_API_KEY", "")
         obs["t3_hf_token_reaches_server"] = server_env.get("HF_TOKEN") == SENTINEL
         obs["t3_probe_env"] = server_env.get("DSV4_FAULT_PROBE")
-        _poll("requests running on trial 3's server", _requests_running(port), START_S, run1)
+        # the warm-up request (the objective's warmup_prompts: 1), then at least two measured ones
+        _poll("measured requests completed on trial 3's server", _requests_completed(port, 3), START_S, run1)
         os.kill(int(rec3["pid"]), signal.SIGKILL)
         obs["t3_pgid"] = int(rec3["pgid"])
 
