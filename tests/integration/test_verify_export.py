@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +105,19 @@ def test_verify_served_the_export_as_it_is_and_recorded_both_numbers(verified: d
 
 
 def test_the_re_served_server_was_stopped(verified: dict[str, Any]) -> None:
-    pid_file = verified["study"] / "verify" / "server.pid.json"
-    assert pid_file.is_file()
-    pgid = json.loads(pid_file.read_text())["pgid"]
-    from tuner.engines.process import group_alive
+    # a clean stop removes the server's pid record (nothing left for stop_orphans) and frees its port
+    assert not (verified["study"] / "verify" / "server.pid.json").exists()
+    argv = verified["record"]["argv"]
+    port = int(argv[argv.index("--port") + 1])
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, f"something still listens on the re-served port {port}"
+    needle = b"--port\0" + str(port).encode() + b"\0"   # no process left with the re-served port in its argv
+    live = [p.parent.name for p in Path("/proc").glob("[0-9]*/cmdline") if needle in _read(p)]
+    assert not live, live
 
-    assert not group_alive(int(pgid))
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
