@@ -36,6 +36,13 @@ def _load(path: Path) -> list[float] | None:
     return [float(x) for x in match.groups()] if match else None
 
 
+def _span(first: Path, last: Path) -> int | None:
+    """Seconds between two files' modification times (written just before and just after the run)."""
+    if not (first.is_file() and last.is_file()):
+        return None
+    return round(last.stat().st_mtime - first.stat().st_mtime)
+
+
 def _counts(text: str) -> dict[str, int]:
     return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|deselected)", text)}
 
@@ -74,7 +81,9 @@ def collect(folder: Path) -> dict[str, Any]:
             "commit": commit, "machine": _cpu(),
             "load_average_before": _load(folder / "load_before"), "load_average_after": _load(folder / "load_after"),
             "exit_code": int(rc_file.read_text().strip()) if rc_file.is_file() else None,
-            "setup_s": int(setup.group(1)) if setup else None, "ci_s": int(total.group(1)) if total else None,
+            "setup_s": int(setup.group(1)) if setup else None,
+            # a failing run stops before `.ci/run` prints its total: then the files written around it
+            "ci_s": int(total.group(1)) if total else _span(folder / "load_before", folder / "rc"),
             "pytest_s": float(summary[-1].group(2)) if summary else None,
             "pytest_counts": _counts(summary[-1].group(1)) if summary else {},
             "modules": sorted(({"module": m, "tests": tests[m], "s": round(s, 1)} for m, s in modules.items()),
