@@ -189,8 +189,10 @@ def _swap_in(staging: Path, final: Path) -> None:
 def control_comparison(study_obj: Study, confirmations: tuple[Confirmation, ...]) -> list[dict[str, Any]]:
     """Each speculative candidate beside its no-speculation control, with acceptance from /metrics."""
     rows: list[dict[str, Any]] = []
-    for control in (c for c in confirmations if c.control_of is not None):
-        spec = next((c for c in confirmations if c.trial == control.control_of and c.speculative), None)
+    # A candidate confirmed again one step down (tuner.study.confirm) has two verdicts: the last one stands.
+    latest = {(c.trial, c.control_of): c for c in confirmations}
+    for control in (c for c in latest.values() if c.control_of is not None):
+        spec = next((c for c in latest.values() if c.trial == control.control_of and c.speculative), None)
         if spec is None:
             continue
         metrics_path = study_obj.path / spec.trial_dir / "server_metrics.json"

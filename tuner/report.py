@@ -238,8 +238,10 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
     confirmations = study_obj.confirmations(study)
     if confirmations:
         lines += ["## Confirmation runs (median − k·MAD over repeats)", "",
-                  _table(["trial", "control of", "repeats", "median", "MAD", "robust", "accepted", "why"],
+                  _table(["trial", "control of", "concurrency", "repeats", "median", "MAD", "robust", "accepted",
+                          "why"],
                          [[c.trial, c.control_of if c.control_of is not None else "",
+                           c.concurrency if c.concurrency is not None else "",
                            ", ".join(f"{v:.1f}" for v in c.values), f"{c.median:.2f}", f"{c.mad:.2f}",
                            f"{c.robust:.2f}", c.accepted, c.reason] for c in confirmations]), ""]
     client_flagged = [t for t in trials if t.user_attrs.get("client_saturated") or t.user_attrs.get("client_starved")]

@@ -85,7 +85,8 @@ def verify_export(study: Study, *, repeats: int | None = None,
                          f"{None if winner is None else winner.trial}. Fix: `dsv4-tune export {study.record.name}` "
                          "again, then verify")
     screened = ostudy.trials[winner.trial]
-    chosen_c = screened.user_attrs.get("max_concurrency")
+    chosen_c = (winner.confirmation.concurrency if winner.confirmation and winner.confirmation.concurrency
+                else screened.user_attrs.get("max_concurrency"))  # where the winner was confirmed
     repeats = repeats or study.record.confirm.repeats
     out_dir = study.path / VERIFY_DIR
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ vLLM's failures:
   ``oom``, whatever its SLOs say, and the feasibility model refuses the neighbourhood afterwards.
 
 Node time runs faster here (the engine's ``Units``): the hardware profile's ready timeout and stall time
-are node seconds, and become real seconds in one place (``Units.client_startup_seconds``, through
+are node seconds, and become real seconds in one place (``Units.client_startup_seconds`` and
+``Units.client_stall_seconds``, through
 ``Study.startup_limits_s``): divided by the start-up time scale, plus the real seconds the emulator's
 process needs before its node clock starts.
 """
@@ -40,8 +41,8 @@ from tuner.trial import TrialContext, run_trial
 MODEL = "deepseek-ai/DeepSeek-V4-Flash-0731"
 NODE = {"time_scale": 20.0, "startup_time_scale": 60.0, "multiplicity": 64, "process_start_s": 45.0}
 """Start-up at 60x: the profile's 600 s stall is 10 node-scaled real s, the weight load's quarter steps ~1 s,
-vLLM's broadcast heartbeat every 1 s; plus 45 real s the emulator's process may take before its first line
-(importing vLLM: 8 s on an idle 2-core machine, over 20 s on a loaded one)."""
+vLLM's broadcast heartbeat every 1 s; plus 45 real s the emulator's process may take before its first progress
+line (importing vLLM: 8 s on an idle 2-core machine, over 20 s on a loaded one)."""
 UNITS = Units(**NODE)  # type: ignore[arg-type]
 OBJECTIVE = {
     "name": "emulated-faults", "description": "a short load: enough batched tokens for the OOM rule to fire",
@@ -67,7 +68,7 @@ def _ctx(**kw: Any) -> TrialContext:
     return TrialContext(vllm_cmd=engine.resolve_command(DEFAULT_COMMAND), model=MODEL, engine=engine,
                         objective=Objective.model_validate(OBJECTIVE), vocab_size=129280, served_model_name="dsv4",
                         ready_timeout_s=UNITS.client_startup_seconds(profile.server.ready_timeout_s),
-                        startup_stall_s=UNITS.client_startup_seconds(profile.server.startup_stall_s or 0), **kw)
+                        startup_stall_s=UNITS.client_stall_seconds(profile.server.startup_stall_s or 0), **kw)
 
 
 # -- finding 6: a start that hangs --------------------------------------------------------------------------
@@ -77,7 +78,9 @@ def test_a_hang_in_graph_capture_is_a_hang_with_its_last_progress(tmp_path: Path
     outcome = run_trial(_ctx(), config, tmp_path / "t0")
     assert outcome.failure_class == "hang", outcome.reason
     assert outcome.ready_s is None
-    assert "no progress in its log for 55 s" in outcome.reason
+    # 600 node s at 60x: 10 real s once the node clock runs (the process's own start is allowed only before
+    # its first progress line: LaunchSpec.first_progress_grace_s)
+    assert "no progress in its log for 10 s" in outcome.reason
     assert "Capturing CUDA graphs (mixed prefill-decode, FULL)" in outcome.reason  # the last progress, not the
     assert "broadcast block" not in outcome.reason                                # heartbeat that followed it
     log = (tmp_path / "t0/server.log").read_text(encoding="utf-8")
@@ -116,7 +119,7 @@ def test_the_twin_of_a_control_that_hung_is_not_launched(tmp_path: Path) -> None
                         slo_overrides={}, ready_timeout_s=None, guards=[], prevalidate="off",
                         confirm=ConfirmSpec(top_k=0, repeats=2), engine="emulated", engine_options=NODE)
     study = Study.create(record, tmp_path / "runs")
-    assert study.startup_limits_s() == (UNITS.client_startup_seconds(3600), UNITS.client_startup_seconds(600))
+    assert study.startup_limits_s() == (UNITS.client_startup_seconds(3600), UNITS.client_stall_seconds(600))
     ostudy = study.run()  # the base hangs once; the rest are refused, then only duplicates come: exhausted
 
     told = [t for t in ostudy.trials if "duplicate_of" not in t.user_attrs and t.state.name == "COMPLETE"]

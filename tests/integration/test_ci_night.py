@@ -4,8 +4,8 @@
 each through the real command line with ``--engine emulated`` and the profile's default gates. The
 script checks every night (the gates on and passed, each ladder through its knee, the winner confirmed,
 exported and beating the baselines, the emulator's trap refused by a gate and never exported) and
-exits 1 naming what failed; this test runs it and shows its verdicts when it fails. Two of the three
-nights run here, side by side (the h200x8 throughput night is out for now: see below).
+exits 1 naming what failed; this test runs it and shows its verdicts when it fails. The three nights
+run side by side.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NIGHTS = ("gh200x4-throughput", "h200x8-agent")
+NIGHTS = ("gh200x4-throughput", "h200x8-throughput", "h200x8-agent")
 
 
 @pytest.mark.slow
 def test_the_target_nights_pass_on_the_emulated_node(tmp_path: Path) -> None:
     out = tmp_path / "nights"
-    # h200x8-throughput is left out until its confirmation is fixed: its repeats run at a node concurrency
-    # other than the one screening reported (11,764 against 11,584, seen 2026-12-02) and miss p95 TTFT by
-    # under 1 %, so the night exits 3 (no confirmed winner) in 3 of 4 runs, one at a time or side by side
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "ci_night.py"), "--out", str(out), "--jobs", "2",
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "ci_night.py"), "--out", str(out), "--jobs", "3",
                            "--nights", ",".join(NIGHTS)],
                           cwd=REPO, capture_output=True, text=True, check=False)
     checks = json.loads((out / "checks.json").read_text()) if (out / "checks.json").is_file() else []

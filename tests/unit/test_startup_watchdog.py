@@ -15,7 +15,7 @@ from pathlib import Path
 from tuner.engines import LaunchSpec
 from tuner.engines.process import StartupWatch
 from tuner.engines.vllm import VllmEngine
-from tuner.engines.vllm.logs import describe_stall, is_progress
+from tuner.engines.vllm.logs import describe_stall, is_log_record, is_progress
 
 REPO = Path(__file__).resolve().parents[2]
 HUNG_GPU_LOG = REPO / "docs/evidence/h200x2-tiny-gpu/trial-0000-server.log"
@@ -110,3 +110,24 @@ def test_a_line_is_judged_once_it_is_whole(tmp_path: Path) -> None:
         clock.now = 11.0
         watch.poll()
     assert watch.stalled() and watch.last_progress == ""
+
+
+def test_the_process_start_is_allowed_until_the_servers_first_log_record_only(tmp_path: Path) -> None:
+    """An engine whose process needs time before its clock starts (the emulator imports vLLM's parser) gets that
+    grace once: what the import prints does not end it, the server's first own log record does."""
+    clock = Clock()
+    log = tmp_path / "server.log"
+    log.write_text("")
+    watch = StartupWatch(log, stall_s=10.0, is_progress=is_progress, clock=clock, first_progress_grace_s=45.0,
+                         ends_process_start=is_log_record)
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write("Triton is installed, but doesn't include CPU backend. Disabling Triton.\n")  # during the import
+        fh.flush()
+        clock.now = 50.0
+        watch.poll()
+        assert not watch.stalled() and watch.limit_s == 55.0  # still importing: within 10 + 45 s
+        fh.write("(APIServer pid=7) INFO 12-02 04:45:36 [api_utils.py:286] non-default args: {}\n")
+    watch.poll()
+    assert watch.limit_s == 10.0
+    clock.now = 60.5
+    assert watch.stalled()  # 10.5 s without progress after the first record: a hang, not 55 s later

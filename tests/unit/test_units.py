@@ -10,7 +10,7 @@ from tuner.load.generator import LoadResult, RequestRecord
 from tuner.load.goodput import request_goodput
 from tuner.load.knee import KneeEvidence, knee_evidence, saturation
 from tuner.load.ladder import SloWatch
-from tuner.load.units import IDENTITY, Units
+from tuner.load.units import HOST_PAUSE_S, IDENTITY, Units
 from tuner.objective import Objective, Workload
 from tuner.study.clock import StudyClock
 from tuner.study.ranking import time_for_another
@@ -41,6 +41,11 @@ def test_node_figures_become_what_the_client_sends() -> None:
     assert UNITS.client_rate(2.0) == pytest.approx(5.0)  # 2 node req/s: 2 × 10 / 4 client req/s
     assert UNITS.client_startup_seconds(3600.0) == pytest.approx(390.0)  # / 10 + the process start
     assert IDENTITY.client_startup_seconds(3600.0) == 3600.0
+    assert UNITS.client_stall_seconds(600.0) == pytest.approx(60.0)  # between progress lines: no process start
+    assert IDENTITY.client_stall_seconds(600.0) == 600.0
+    fast = Units(time_scale=25.0, startup_time_scale=400.0)
+    assert fast.client_stall_seconds(600.0) == HOST_PAUSE_S  # not 1.5 s: a busy host pauses a process that long
+    assert fast.client_stall_seconds(4.0) == 4.0  # never above the node's own limit
     assert Units.from_json(UNITS.to_json()) == UNITS
     with pytest.raises(ValueError, match="multiplicity"):
         Units(multiplicity=0)

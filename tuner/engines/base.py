@@ -124,6 +124,10 @@ class Engine(Protocol):
     def is_startup_progress(self, line: str) -> bool:
         """Whether one start-up log line shows the start moving on (a hung worker's heartbeat does not)."""
 
+    def is_log_record(self, line: str) -> bool:
+        """Whether a line is one of the server's own log records: the first one ends its process's start (what
+        an import prints before it, such as a library's warning, does not)."""
+
     def diagnose_crash(self, log_text: str, returncode: int | None) -> Diagnosis | None:
         """Why a server that was serving died or stopped answering, from what it logged after it was
         ready (``returncode``: None while the process lives); None when the log names no cause."""

@@ -278,6 +278,12 @@ class LaunchSpec:
     """The start-up watchdog: no progress in the log for this long ends the launch as ``hang`` (None: off)."""
 
     @property
+    def first_progress_grace_s(self) -> float:
+        """Real seconds the watchdog adds until the engine's first own log record: its process's start (its
+        units' ``process_start_s``: the emulator imports vLLM's parser before its node clock starts)."""
+        return self.engine.units.process_start_s if self.engine is not None else 0.0
+
+    @property
     def ready_paths(self) -> tuple[str, ...]:
         return self.engine.ready_paths if self.engine is not None else READY_PATHS
 
@@ -294,6 +300,10 @@ class LaunchSpec:
     def describe_stall(self, log_tail: str) -> str:
         return self.engine.describe_stall(log_tail) if self.engine is not None else ""
 
+    def ends_process_start(self, line: str) -> bool:
+        """Whether a start-up line is the engine's first own log record (its process has started)."""
+        return self.engine.is_log_record(line) if self.engine is not None else bool(line.strip())
+
     def is_progress(self, line: str) -> bool:
         """Whether a start-up log line is progress (the engine's rule; without one, any non-blank line)."""
         return self.engine.is_startup_progress(line) if self.engine is not None else bool(line.strip())
@@ -308,9 +318,14 @@ class StartupWatch:
     """
 
     def __init__(self, log_path: Path, *, stall_s: float | None, is_progress: Callable[[str], bool],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, first_progress_grace_s: float = 0.0,
+                 ends_process_start: Callable[[str], bool] | None = None) -> None:
         self.log_path = log_path
         self.stall_s = stall_s
+        self.first_progress_grace_s = first_progress_grace_s
+        """Added to ``stall_s`` until the process has started (the engine's first own log record)."""
+        self.ends_process_start = ends_process_start or is_progress
+        self.process_started = False
         self.is_progress = is_progress
         self.clock = clock
         self.last_progress_at = clock()
@@ -331,6 +346,8 @@ class StartupWatch:
         *complete, self._partial = re.split(rb"[\r\n]", self._partial + chunk)
         for raw in complete:
             line = raw.decode(errors="replace")
+            if not self.process_started and self.ends_process_start(line):
+                self.process_started = True
             if self.is_progress(line):
                 self.last_progress = line.strip()
                 self.last_progress_at = self.clock()
@@ -338,8 +355,16 @@ class StartupWatch:
     def silent_s(self) -> float:
         return self.clock() - self.last_progress_at
 
+    @property
+    def limit_s(self) -> float | None:
+        """The silence that counts as a stall now: longer before the first progress line."""
+        if self.stall_s is None:
+            return None
+        return self.stall_s + (0.0 if self.process_started else self.first_progress_grace_s)
+
     def stalled(self) -> bool:
-        return self.stall_s is not None and self.silent_s() > self.stall_s
+        limit = self.limit_s
+        return limit is not None and self.silent_s() > limit
 
 
 class ServerProcess:
@@ -391,7 +416,9 @@ class ServerProcess:
         """Block until every readiness path (``/health``, ``/v1/models`` for vLLM) answers 200; return seconds taken."""
         started = time.monotonic()
         deadline = started + self.spec.ready_timeout_s
-        watch = StartupWatch(self.log_path, stall_s=self.spec.startup_stall_s, is_progress=self.spec.is_progress)
+        watch = StartupWatch(self.log_path, stall_s=self.spec.startup_stall_s, is_progress=self.spec.is_progress,
+                             first_progress_grace_s=self.spec.first_progress_grace_s,
+                             ends_process_start=self.spec.ends_process_start)
         with httpx.Client(timeout=httpx.Timeout(5.0), headers=self.headers) as client:
             while True:
                 code = self.exited()
@@ -423,7 +450,7 @@ class ServerProcess:
         said = self.spec.describe_stall(watch.last_progress) or clip(watch.last_progress, 300)
         last = f"last progress {watch.silent_s():.0f} s earlier: {said}" if said else "no progress line at all"
         return LaunchError(
-            f"server hung during startup: no progress in its log for {self.spec.startup_stall_s:.0f} s "
+            f"server hung during startup: no progress in its log for {watch.limit_s or 0:.0f} s "
             f"(the start-up watchdog; {waited_s:.0f} s after launch); {last}",
             failure_class=FailureClass.HANG.value, log_path=self.log_path, log_tail=tail(self.log_path))
 

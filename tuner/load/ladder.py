@@ -407,7 +407,9 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
             first_job += jobs_for(workload, requests)
             steps.append(step)
             rate = _value(step.summary, rate_key)
-            logger.info("ladder: concurrency %d: %s %.1f, %s%s", concurrency, rate_key, rate,
+            planned, concurrency = concurrency, step.concurrency  # whole client streams: what the node ran
+            logger.info("ladder: concurrency %d%s: %s %.1f, %s%s", concurrency,
+                        f" (step {planned} in whole streams)" if planned != concurrency else "", rate_key, rate,
                         "meets the SLOs" if step.feasible else "; ".join(step.violations),
                         " (client saturated)" if step.client.get("client_saturated") else "")
             if step.client.get("client_starved"):

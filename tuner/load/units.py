@@ -17,12 +17,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["IDENTITY", "Units"]
+__all__ = ["HOST_PAUSE_S", "IDENTITY", "Units"]
 
 _LATENCY_MS = re.compile(r"^(mean|median|std|p\d{1,2}(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 _RATES = frozenset({"request_throughput", "output_throughput", "total_token_throughput", "request_goodput"})
 _COUNTS = frozenset({"completed", "failed", "total_input_tokens", "total_output_tokens"})
 _SECONDS = frozenset({"duration"})
+HOST_PAUSE_S = 10.0
+"""Real seconds of silence a busy 2-core host can cause a process by itself: no compressed stall limit is shorter."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,16 @@ class Units:
     def client_startup_seconds(self, node_seconds: float) -> float:
         """A start-up limit of the node (a ready timeout, a watchdog's stall), as real seconds to wait."""
         return node_seconds / self.startup_time_scale + self.process_start_s
+
+    def client_stall_seconds(self, node_seconds: float) -> float:
+        """A start-up stall limit between two progress lines (the node clock runs by then), as real seconds.
+
+        Never below :data:`HOST_PAUSE_S` (or the node's own limit, if shorter): a busy host can keep a process
+        silent that long by itself, and at a start-up time scale of 400 the node's 600 s would be 1.5 real s.
+        Until the server's first own log record the watchdog also allows ``process_start_s``
+        (:attr:`tuner.engines.process.LaunchSpec.first_progress_grace_s`).
+        """
+        return max(node_seconds / self.startup_time_scale, min(node_seconds, HOST_PAUSE_S))
 
     def client_streams(self, node_concurrency: int) -> int:
         """Streams a client opens for a node concurrency (rounded up)."""

@@ -69,6 +69,8 @@ class Confirmation:
     speculative: bool
     control_of: int | None = None
     """Set when this run is the no-speculation control of a speculative candidate."""
+    concurrency: int | None = None
+    """The node concurrency the repeats ran at (None: the workload's own, no ladder)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,24 +92,24 @@ def robust_score(values: Sequence[float], *, k: float, maximize: bool) -> float:
 
 def judge(trial: int, config_key: str, values: Sequence[float], *, all_feasible: bool, spec: ConfirmSpec,
           maximize: bool, trial_dir: str, speculative: bool, failure: str | None = None,
-          control_of: int | None = None) -> Confirmation:
-    """Score one candidate's repeats and decide whether it is confirmed."""
+          control_of: int | None = None, violations: str = "", concurrency: int | None = None) -> Confirmation:
+    """Score one candidate's repeats and decide whether it is confirmed (``violations``: what a repeat missed)."""
     vals = tuple(float(v) for v in values)
     if failure is not None or not vals:
         return Confirmation(trial, config_key, vals, float("nan"), float("nan"), float("nan"), False,
-                            failure or "no measurement", trial_dir, speculative, control_of)
+                            failure or "no measurement", trial_dir, speculative, control_of, concurrency)
     centre = statistics.median(vals)
     spread = mad(vals)
     robust = robust_score(vals, k=spec.mad_k, maximize=maximize)
     rel = (max(vals) - min(vals)) / abs(centre) if centre else float("inf")
     if not all_feasible:
-        accepted, reason = False, "a repeat missed an SLO"
+        accepted, reason = False, "a repeat missed an SLO" + (f": {violations}" if violations else "")
     elif len(vals) > 1 and rel > spec.max_spread:
         accepted, reason = False, f"repeats disagree: spread {rel:.0%} of the median > {spec.max_spread:.0%}"
     else:
         accepted, reason = True, f"confirmed: median {centre:.2f}, MAD {spread:.2f}, spread {rel:.0%}"
     return Confirmation(trial, config_key, vals, centre, spread, robust, accepted, reason, trial_dir,
-                        speculative, control_of)
+                        speculative, control_of, concurrency)
 
 
 def pick_winner(confirmations: Sequence[Confirmation], *, maximize: bool) -> Confirmation | None:
@@ -161,7 +163,8 @@ class Winner:
         """One line on how far the value is confirmed, with the repeats when a confirmation ran."""
         if self.confirmed and self.confirmation is not None:
             c = self.confirmation
-            return (f"confirmed: median of {len(c.values)} repeats ({_repeats(c)} {metric}), "
+            at = f" at concurrency {c.concurrency}" if c.concurrency else ""
+            return (f"confirmed: median of {len(c.values)} repeats ({_repeats(c)} {metric}){at}, "
                     f"robust score {c.robust:.2f}")
         if self.confirmation is not None:
             c = self.confirmation
@@ -185,6 +188,10 @@ class Winner:
         lines.append(f"Fix: run more or longer confirmations (`dsv4-tune resume {study}` with a --budget), or "
                      f"export it anyway, {label}: `dsv4-tune export {study} --accept-unconfirmed`")
         return "\n".join(lines)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value else None
 
 
 def _repeats(c: Confirmation) -> str:
@@ -261,43 +268,78 @@ class ConfirmationPhase:
                 progress.confirm_planned -= 1
                 on_progress(progress)
                 continue
-            suffix = "-control" if control_of is not None else ""
-            tdir = self.path / "confirm" / f"{number:04d}{suffix}"
-            progress.trial_number = number
-            progress.current = f"control of trial {number} (speculation off)" if control_of is not None else (
-                f"trial {number}")
-            progress.repeat = None
-            progress.confirm_running = progress.confirm_done + 1
-            progress.phase = f"confirm{suffix}"
-            on_progress(progress)
-            outcome = run_trial(self._context(ctx, study.trials[number]), config, tdir, should_stop=should_stop,
-                                repeats=self.spec.repeats,
-                                on_phase=phase_reporter(progress, on_progress, f"confirm{suffix}"))
-            if outcome.failure_class == FailureClass.INTERRUPTED.value:
-                raise KeyboardInterrupt
-            verdict = judge(number, config.key(), outcome.repeat_values, all_feasible=outcome.feasible, spec=self.spec,
-                            maximize=self.maximize, trial_dir=str(tdir.relative_to(self.path)),
-                            speculative=config.is_speculative,
-                            failure=None if outcome.ok else f"{outcome.failure_class}: {outcome.reason[:200]}",
-                            control_of=control_of)
-            stored = list(study.user_attrs.get("confirmations", []))
-            stored.append(verdict.to_json())
-            study.set_user_attr("confirmations", stored)
-            progress.confirm_done += 1
-            progress.repeat = None
-            progress.events.append(f"confirm trial {number}{suffix}: {verdict.reason}")
-            on_progress(progress)
+            screened = study.trials[number]
+            concurrency = _int_or_none(screened.user_attrs.get("max_concurrency"))
+            _, missed_slo = self._confirm_at(study, ctx, run_trial, number, config, control_of, concurrency,
+                                             progress, on_progress, should_stop)
+            fallback = self._fallback(screened, concurrency) if missed_slo else None
+            if fallback is not None and not should_stop() and (
+                    deadline is None or clock.now() + per_candidate_s <= deadline):
+                # The chosen step met its SLOs in screening's shorter window but not in every longer repeat:
+                # it sits on an SLO's edge. The next step down that screening measured is confirmed instead
+                # (once), so the export names an operating point that holds (docs/decisions.md).
+                progress.events.append(f"confirm trial {number}: concurrency {concurrency} missed an SLO in a "
+                                       f"repeat; confirming at {fallback}, the next step screening met its SLOs at")
+                progress.confirm_planned += 1
+                self._confirm_at(study, ctx, run_trial, number, config, control_of, fallback, progress, on_progress,
+                                 should_stop)
 
-    def _context(self, ctx: TrialContext, screened: FrozenTrial) -> TrialContext:
-        """The longer workload, at the concurrency the screening ladder chose (not the whole ladder again)."""
+    def _confirm_at(self, study: optuna.Study, ctx: TrialContext, run_trial: RunTrial, number: int,
+                    config: ServeConfig, control_of: int | None, concurrency: int | None, progress: Progress,
+                    on_progress: Callable[[Progress], None],
+                    should_stop: Callable[[], bool]) -> tuple[Confirmation, bool]:
+        """One confirmation launch at ``concurrency`` (None: the workload's own); stores its verdict.
+
+        Returns the verdict, and whether it was rejected only because a repeat missed an SLO.
+        """
+        suffix = "-control" if control_of is not None else ""
+        screened_c = _int_or_none(study.trials[number].user_attrs.get("max_concurrency"))
+        at = f"-c{concurrency}" if concurrency is not None and concurrency != screened_c else ""
+        tdir = self.path / "confirm" / f"{number:04d}{suffix}{at}"
+        progress.trial_number = number
+        progress.current = f"control of trial {number} (speculation off)" if control_of is not None else (
+            f"trial {number}")
+        progress.repeat = None
+        progress.confirm_running = progress.confirm_done + 1
+        progress.phase = f"confirm{suffix}"
+        on_progress(progress)
+        outcome = run_trial(self._context(ctx, concurrency), config, tdir, should_stop=should_stop,
+                            repeats=self.spec.repeats,
+                            on_phase=phase_reporter(progress, on_progress, f"confirm{suffix}"))
+        if outcome.failure_class == FailureClass.INTERRUPTED.value:
+            raise KeyboardInterrupt
+        verdict = judge(number, config.key(), outcome.repeat_values, all_feasible=outcome.feasible, spec=self.spec,
+                        maximize=self.maximize, trial_dir=str(tdir.relative_to(self.path)),
+                        speculative=config.is_speculative,
+                        failure=None if outcome.ok else f"{outcome.failure_class}: {outcome.reason[:200]}",
+                        control_of=control_of, violations=outcome.reason[:300] if outcome.ok else "",
+                        concurrency=concurrency)
+        stored = list(study.user_attrs.get("confirmations", []))
+        stored.append(verdict.to_json())
+        study.set_user_attr("confirmations", stored)
+        progress.confirm_done += 1
+        progress.repeat = None
+        progress.events.append(f"confirm trial {number}{suffix}{at}: {verdict.reason}")
+        on_progress(progress)
+        missed_slo = outcome.ok and not outcome.feasible and bool(outcome.repeat_values)
+        return verdict, missed_slo
+
+    def _fallback(self, screened: FrozenTrial, concurrency: int | None) -> int | None:
+        """The highest step below ``concurrency`` at which the screening ladder met every SLO, if any."""
+        if concurrency is None or self.objective.ladder is None:
+            return None
+        met = [int(c) for c in screened.user_attrs.get("feasible_concurrencies") or () if int(c) < concurrency]
+        return max(met, default=None)
+
+    def _context(self, ctx: TrialContext, concurrency: int | None) -> TrialContext:
+        """The longer workload, at one step of the screening ladder (not the whole ladder again)."""
         workload = self.objective.workload
         prompts = max(1, round(workload.num_prompts * self.spec.workload_scale))
         longer = workload.model_copy(update={"num_prompts": prompts})
         update: dict[str, Any] = {"workload": longer}
-        chosen_c = screened.user_attrs.get("max_concurrency")
-        if chosen_c and self.objective.ladder is not None:
-            update["ladder"] = self.objective.ladder.model_copy(update={"steps": (int(chosen_c),)})
-            update["workload"] = longer.model_copy(update={"concurrency": int(chosen_c)})
+        if concurrency and self.objective.ladder is not None:
+            update["ladder"] = self.objective.ladder.model_copy(update={"steps": (concurrency,)})
+            update["workload"] = longer.model_copy(update={"concurrency": concurrency})
         return dataclasses.replace(ctx, objective=self.objective.model_copy(update=update))
 
     def winner(self, study: optuna.Study) -> Winner | None:

@@ -73,7 +73,8 @@ PRUNED_LOG = "pruned.jsonl"
 _BOOKKEEPING_ATTRS = frozenset({"trial_dir", "retry_of", "baseline", "control_for", "interrupted"})
 """Attributes about a trial's place in the study, not about its result: never copied to a duplicate."""
 _SUMMARY_ATTRS = ("p95_ttft_ms", "p95_itl_ms", "p95_tpot_ms", "output_throughput", "request_throughput",
-                  "request_goodput", "completed", "failed", "max_concurrency", "tokens_per_joule", "usd_per_mtok",
+                  "request_goodput", "completed", "failed", "max_concurrency", "feasible_concurrencies",
+                  "tokens_per_joule", "usd_per_mtok",
                   "gpu_power_mean_w", "gpu_energy_j")
 
 

@@ -226,6 +226,9 @@ class Study:
     def startup_limits_s(self) -> tuple[float, float | None]:
         """The ready timeout and the start-up watchdog's stall time, in the seconds the launcher waits.
 
+        The stall time is between two progress lines; before the first one the watchdog adds the real
+        seconds the engine's process needs to start (``LaunchSpec.first_progress_grace_s``).
+
         Both are node time (``--ready-timeout``, ``server.ready_timeout_s``, ``server.startup_stall_s``).
         This is the one place they become real seconds: on a node, one to one; a study clock that runs
         the node faster (the emulated node's start-up time scale) divides them here.
@@ -234,7 +237,7 @@ class Study:
         stall_s = self.profile.server.startup_stall_s
         units = self.engine.units
         return (units.client_startup_seconds(ready_s),
-                None if stall_s is None else units.client_startup_seconds(stall_s))
+                None if stall_s is None else units.client_stall_seconds(stall_s))
 
     def prelaunch(self, ostudy: optuna.Study) -> PreLaunch:
         """The pre-launch checks, with the KV capacity of every trial launched so far already learnt."""

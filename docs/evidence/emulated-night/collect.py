@@ -40,7 +40,9 @@ def night(path: Path, name: str) -> None:
         "trial": winner["trial"], "value": round(winner["value"], 1), "confirmed": winner["confirmed"],
         "baseline": winner.get("baseline"), "screening_value": round(winner["screening_value"], 1),
         "params": {k: winner["params"].get(k) for k in PARAMS if k in winner["params"]},
-        "repeats": (winner.get("confirmation") or {}).get("values")}
+        "repeats": (winner.get("confirmation") or {}).get("values"),
+        "confirmed_at_concurrency": (winner.get("confirmation") or {}).get("concurrency"),
+        "confirmation_dir": (winner.get("confirmation") or {}).get("trial_dir")}
     (HERE / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -160,6 +160,9 @@ class VllmEngine:
     def is_startup_progress(self, line: str) -> bool:
         return logs.is_progress(line)
 
+    def is_log_record(self, line: str) -> bool:
+        return logs.is_log_record(line)
+
     def diagnose_crash(self, log_text: str, returncode: int | None) -> Diagnosis | None:
         return logs.classify_crash(log_text, returncode)
 

@@ -124,6 +124,12 @@ def is_progress(line: str) -> bool:
     return bool(text) and not _HEARTBEATS.search(text)
 
 
+def is_log_record(line: str) -> bool:
+    """Whether a line is one of vLLM's log records (``INFO 12-02 04:45:36 [file.py:347] ...``, with or without
+    its process prefix); a banner or an import's print is not."""
+    return bool(_LOG_RECORD.match(line.strip()))
+
+
 def progress_text(line: str) -> str:
     """What a progress line says, for a reason: a log record's message, or a progress bar ("" otherwise)."""
     stripped = line.strip()
