@@ -23,4 +23,32 @@ trap 'bash scripts/ci_services.sh stop >/dev/null 2>&1 || true' EXIT
 if [ "${DSV4_CI:-}" = 1 ]; then
   python tests/ci_parts.py   # names every missing part and exits 1
 fi
-python -m pytest -q --durations=15 "$@"
+# Two lanes, side by side (docs/decisions.md, "Two test lanes"):
+# - servers: the tests that start a real vLLM (CPU build) server (marker `server`), one at a time, in this
+#   terminal; two such launches on 2 cores would measure each other;
+# - the rest: unit tests, the emulated node and its nights, beside them (their log is shown when they end).
+# A lane that the given arguments leave empty (pytest's exit code 5) passes. DSV4_JUNIT_DIR: write each
+# lane's junit XML there (servers.xml, rest.xml), for docs/evidence/ci-timing/collect.py.
+lanes=$(mktemp -d)
+started=$(date +%s)
+junit() { if [ -n "${DSV4_JUNIT_DIR:-}" ]; then mkdir -p "$DSV4_JUNIT_DIR"; echo "--junitxml=$DSV4_JUNIT_DIR/$1.xml"; fi; }
+set +e
+python -m pytest -q --durations=15 -m "not server" -p no:cacheprovider --basetemp="$lanes/rest-tmp" \
+  $(junit rest) "$@" > "$lanes/rest.log" 2>&1 &
+rest_pid=$!
+echo "test.sh: lane 'rest' (not server) runs beside this one; its log follows when it ends"
+python -m pytest -q --durations=15 -m server --basetemp="$lanes/servers-tmp" $(junit servers) "$@"
+servers_rc=$?
+wait "$rest_pid"
+rest_rc=$?
+set -e
+echo "=== lane 'rest' (not server) ==="
+cat "$lanes/rest.log"
+ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
+echo "tests took $(( $(date +%s) - started )) s (lanes: servers exit $servers_rc, rest exit $rest_rc)"
+if ok "$servers_rc" && ok "$rest_rc"; then
+  rm -rf "$lanes"
+else
+  echo "test.sh: the failed tests' files are kept under $lanes" >&2
+  exit 1
+fi

@@ -2,14 +2,16 @@
 
     git clone <repo> /tmp/ci-clone && cd /tmp/ci-clone
     uptime > /tmp/ci/load_before
-    PYTEST_ADDOPTS=--junitxml=/tmp/ci/junit.xml DSV4_CI=1 bash .ci/run > /tmp/ci/ci.log 2>&1; echo $? > /tmp/ci/rc
+    DSV4_JUNIT_DIR=/tmp/ci/junit DSV4_CI=1 bash .ci/run > /tmp/ci/ci.log 2>&1; echo $? > /tmp/ci/rc
     uptime > /tmp/ci/load_after
     .venv/bin/python docs/evidence/ci-timing/collect.py /tmp/ci --commit $(git -C /tmp/ci-clone rev-parse --short HEAD)
                                                            # run in the repository, on the machine CI ran on
 
-Reads ``ci.log`` (``.ci/run`` prints how long setup and the whole run took; pytest's ``--durations``
-table and its summary line), ``junit.xml`` (every test's time, setup + call + teardown) and the load
-averages. Keeps the totals, the time per test module and the slowest phases: a summary, not the log.
+Reads ``ci.log`` (``.ci/run`` prints how long setup and the whole run took, ``scripts/test.sh`` how long
+its two test lanes took side by side; pytest's ``--durations`` tables and summary lines, one per lane),
+``junit/*.xml`` (every test's time, setup + call + teardown, one file per lane; an older run's single
+``junit.xml`` is read too) and the load averages. Keeps the totals, the time per test module and per lane,
+and the slowest phases: a summary, not the log.
 """
 
 from __future__ import annotations
@@ -60,12 +62,21 @@ def collect(folder: Path) -> dict[str, Any]:
     setup = re.search(r"^setup took (\d+) s", log, re.M)
     total = re.search(r"^ci took (\d+) s", log, re.M)
     summary = [m for m in (SUMMARY.match(line) for line in log.splitlines()) if m and "passed" in m.group(1)]
+    lanes = re.search(r"^tests took (\d+) s", log, re.M)
     slowest = [{"s": float(m.group(1)), "phase": m.group(2), "test": m.group(3)}
                for m in (DURATION.match(line) for line in log.splitlines()) if m]
     modules: dict[str, float] = collections.defaultdict(float)
     tests: dict[str, int] = collections.Counter()
-    root = ET.parse(folder / "junit.xml").getroot()  # noqa: S314 (pytest's own output)
-    for case in root.iter("testcase"):
+    lane_s: dict[str, float] = {}
+    files = sorted((folder / "junit").glob("*.xml")) or [folder / "junit.xml"]
+    lane_of: dict[str, str] = {}
+    cases = []
+    for path in files:
+        root = ET.parse(path).getroot()  # noqa: S314 (pytest's own output)
+        lane_cases = list(root.iter("testcase"))
+        lane_s[path.stem] = round(sum(float(c.get("time", 0.0)) for c in lane_cases), 1)
+        cases += [(path.stem, c) for c in lane_cases]
+    for lane, case in cases:
         parts = case.get("classname", "").split(".")
         while parts and not parts[-1].startswith("test_"):  # a test class: its module is above it
             parts.pop()
@@ -74,6 +85,7 @@ def collect(folder: Path) -> dict[str, Any]:
             name = "tests/unit (all)"
         modules[name] += float(case.get("time", 0.0))
         tests[name] += 1
+        lane_of[name] = lane if name not in lane_of or lane_of[name] == lane else "both"
     rc_file = folder / "rc"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=folder / "clone" if (folder / "clone").is_dir() else None, check=False).stdout.strip()
@@ -84,16 +96,20 @@ def collect(folder: Path) -> dict[str, Any]:
             "setup_s": int(setup.group(1)) if setup else None,
             # a failing run stops before `.ci/run` prints its total: then the files written around it
             "ci_s": int(total.group(1)) if total else _span(folder / "load_before", folder / "rc"),
-            "pytest_s": float(summary[-1].group(2)) if summary else None,
-            "pytest_counts": _counts(summary[-1].group(1)) if summary else {},
-            "modules": sorted(({"module": m, "tests": tests[m], "s": round(s, 1)} for m, s in modules.items()),
+            # the lanes run side by side: the tests' wall time is test.sh's, each lane's is the sum of its tests
+            "pytest_s": float(lanes.group(1)) if lanes else (float(summary[-1].group(2)) if summary else None),
+            "lanes_s": lane_s,
+            "pytest_counts": dict(sum((collections.Counter(_counts(m.group(1))) for m in summary),
+                                      collections.Counter())),
+            "modules": sorted(({"module": m, "lane": lane_of[m], "tests": tests[m], "s": round(s, 1)}
+                               for m, s in modules.items()),
                               key=lambda r: -float(r["s"])),
             "slowest": slowest}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="holds ci.log, junit.xml, rc, load_before, load_after")
+    parser.add_argument("folder", type=Path, help="holds ci.log, junit/*.xml, rc, load_before, load_after")
     parser.add_argument("--commit", help="the commit the clone ran (default: the clone's HEAD if folder/clone)")
     args = parser.parse_args()
     data = collect(args.folder)

