@@ -41,8 +41,8 @@ from tuner.trial import TrialContext, run_trial
 MODEL = "deepseek-ai/DeepSeek-V4-Flash-0731"
 NODE = {"time_scale": 20.0, "startup_time_scale": 60.0, "multiplicity": 64, "process_start_s": 45.0}
 """Start-up at 60x: the profile's 600 s stall is 10 node-scaled real s, the weight load's quarter steps ~1 s,
-vLLM's broadcast heartbeat every 1 s; plus 45 real s the emulator's process may take before its first progress
-line (importing vLLM: 8 s on an idle 2-core machine, over 20 s on a loaded one)."""
+vLLM's broadcast heartbeat every 1 s; plus 45 real s the emulator's process may take before its first log record
+(importing vLLM: 8 s on an idle 2-core machine, over 20 s on a loaded one)."""
 UNITS = Units(**NODE)  # type: ignore[arg-type]
 OBJECTIVE = {
     "name": "emulated-faults", "description": "a short load: enough batched tokens for the OOM rule to fire",
@@ -78,8 +78,8 @@ def test_a_hang_in_graph_capture_is_a_hang_with_its_last_progress(tmp_path: Path
     outcome = run_trial(_ctx(), config, tmp_path / "t0")
     assert outcome.failure_class == "hang", outcome.reason
     assert outcome.ready_s is None
-    # 600 node s at 60x: 10 real s once the node clock runs (the process's own start is allowed only before
-    # its first progress line: LaunchSpec.first_progress_grace_s)
+    # 600 node s at 60x: 10 real s once the node clock runs (the process's own start is allowed only until
+    # the server's first log record: LaunchSpec.process_start_grace_s)
     assert "no progress in its log for 10 s" in outcome.reason
     assert "Capturing CUDA graphs (mixed prefill-decode, FULL)" in outcome.reason  # the last progress, not the
     assert "broadcast block" not in outcome.reason                                # heartbeat that followed it

@@ -118,7 +118,7 @@ def test_the_process_start_is_allowed_until_the_servers_first_log_record_only(tm
     clock = Clock()
     log = tmp_path / "server.log"
     log.write_text("")
-    watch = StartupWatch(log, stall_s=10.0, is_progress=is_progress, clock=clock, first_progress_grace_s=45.0,
+    watch = StartupWatch(log, stall_s=10.0, is_progress=is_progress, clock=clock, process_start_grace_s=45.0,
                          ends_process_start=is_log_record)
     with log.open("a", encoding="utf-8") as fh:
         fh.write("Triton is installed, but doesn't include CPU backend. Disabling Triton.\n")  # during the import

@@ -278,7 +278,7 @@ class LaunchSpec:
     """The start-up watchdog: no progress in the log for this long ends the launch as ``hang`` (None: off)."""
 
     @property
-    def first_progress_grace_s(self) -> float:
+    def process_start_grace_s(self) -> float:
         """Real seconds the watchdog adds until the engine's first own log record: its process's start (its
         units' ``process_start_s``: the emulator imports vLLM's parser before its node clock starts)."""
         return self.engine.units.process_start_s if self.engine is not None else 0.0
@@ -318,11 +318,11 @@ class StartupWatch:
     """
 
     def __init__(self, log_path: Path, *, stall_s: float | None, is_progress: Callable[[str], bool],
-                 clock: Callable[[], float] = time.monotonic, first_progress_grace_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic, process_start_grace_s: float = 0.0,
                  ends_process_start: Callable[[str], bool] | None = None) -> None:
         self.log_path = log_path
         self.stall_s = stall_s
-        self.first_progress_grace_s = first_progress_grace_s
+        self.process_start_grace_s = process_start_grace_s
         """Added to ``stall_s`` until the process has started (the engine's first own log record)."""
         self.ends_process_start = ends_process_start or is_progress
         self.process_started = False
@@ -357,10 +357,10 @@ class StartupWatch:
 
     @property
     def limit_s(self) -> float | None:
-        """The silence that counts as a stall now: longer before the first progress line."""
+        """The silence that counts as a stall now: longer until the server's first own log record."""
         if self.stall_s is None:
             return None
-        return self.stall_s + (0.0 if self.process_started else self.first_progress_grace_s)
+        return self.stall_s + (0.0 if self.process_started else self.process_start_grace_s)
 
     def stalled(self) -> bool:
         limit = self.limit_s
@@ -417,7 +417,7 @@ class ServerProcess:
         started = time.monotonic()
         deadline = started + self.spec.ready_timeout_s
         watch = StartupWatch(self.log_path, stall_s=self.spec.startup_stall_s, is_progress=self.spec.is_progress,
-                             first_progress_grace_s=self.spec.first_progress_grace_s,
+                             process_start_grace_s=self.spec.process_start_grace_s,
                              ends_process_start=self.spec.ends_process_start)
         with httpx.Client(timeout=httpx.Timeout(5.0), headers=self.headers) as client:
             while True:

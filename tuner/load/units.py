@@ -101,7 +101,7 @@ class Units:
         Never below :data:`HOST_PAUSE_S` (or the node's own limit, if shorter): a busy host can keep a process
         silent that long by itself, and at a start-up time scale of 400 the node's 600 s would be 1.5 real s.
         Until the server's first own log record the watchdog also allows ``process_start_s``
-        (:attr:`tuner.engines.process.LaunchSpec.first_progress_grace_s`).
+        (:attr:`tuner.engines.process.LaunchSpec.process_start_grace_s`).
         """
         return max(node_seconds / self.startup_time_scale, min(node_seconds, HOST_PAUSE_S))
 

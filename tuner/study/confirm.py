@@ -270,8 +270,8 @@ class ConfirmationPhase:
                 continue
             screened = study.trials[number]
             concurrency = _int_or_none(screened.user_attrs.get("max_concurrency"))
-            _, missed_slo = self._confirm_at(study, ctx, run_trial, number, config, control_of, concurrency,
-                                             progress, on_progress, should_stop)
+            missed_slo = self._confirm_at(study, ctx, run_trial, number, config, control_of, concurrency,
+                                          progress, on_progress, should_stop)
             fallback = self._fallback(screened, concurrency) if missed_slo else None
             if fallback is not None and not should_stop() and (
                     deadline is None or clock.now() + per_candidate_s <= deadline):
@@ -287,10 +287,10 @@ class ConfirmationPhase:
     def _confirm_at(self, study: optuna.Study, ctx: TrialContext, run_trial: RunTrial, number: int,
                     config: ServeConfig, control_of: int | None, concurrency: int | None, progress: Progress,
                     on_progress: Callable[[Progress], None],
-                    should_stop: Callable[[], bool]) -> tuple[Confirmation, bool]:
+                    should_stop: Callable[[], bool]) -> bool:
         """One confirmation launch at ``concurrency`` (None: the workload's own); stores its verdict.
 
-        Returns the verdict, and whether it was rejected only because a repeat missed an SLO.
+        Returns whether the verdict is a rejection only because a repeat missed an SLO.
         """
         suffix = "-control" if control_of is not None else ""
         screened_c = _int_or_none(study.trials[number].user_attrs.get("max_concurrency"))
@@ -321,8 +321,7 @@ class ConfirmationPhase:
         progress.repeat = None
         progress.events.append(f"confirm trial {number}{suffix}{at}: {verdict.reason}")
         on_progress(progress)
-        missed_slo = outcome.ok and not outcome.feasible and bool(outcome.repeat_values)
-        return verdict, missed_slo
+        return outcome.ok and not outcome.feasible and bool(outcome.repeat_values)
 
     def _fallback(self, screened: FrozenTrial, concurrency: int | None) -> int | None:
         """The highest step below ``concurrency`` at which the screening ladder met every SLO, if any."""

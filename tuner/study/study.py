@@ -226,8 +226,8 @@ class Study:
     def startup_limits_s(self) -> tuple[float, float | None]:
         """The ready timeout and the start-up watchdog's stall time, in the seconds the launcher waits.
 
-        The stall time is between two progress lines; before the first one the watchdog adds the real
-        seconds the engine's process needs to start (``LaunchSpec.first_progress_grace_s``).
+        The stall time is between two progress lines; until the server's first own log record the watchdog
+        adds the real seconds the engine's process needs to start (``LaunchSpec.process_start_grace_s``).
 
         Both are node time (``--ready-timeout``, ``server.ready_timeout_s``, ``server.startup_stall_s``).
         This is the one place they become real seconds: on a node, one to one; a study clock that runs
