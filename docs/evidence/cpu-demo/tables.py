@@ -44,4 +44,24 @@ def launches(folder: Path) -> str:
     return "\n".join(rows)
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"wall": wall, "run": run, "launches": launches}
+def _range(values: list[float]) -> str:
+    low, high = round(min(values)), round(max(values))
+    return f"{low} s" if low == high else f"{low}–{high} s"
+
+
+def ready(folder: Path) -> str:
+    """From launch to ready, over the demo's launches."""
+    return _range([float(r["ready_s"]) for r in _data(folder)["launches"] if r["ready_s"] is not None])
+
+
+def per_launch(folder: Path) -> str:
+    """A whole launch (start, gates, load, stop), over the demo's launches."""
+    return _range([float(r["duration_s"]) for r in _data(folder)["launches"]])
+
+
+def count(folder: Path) -> str:
+    return str(len(_data(folder)["launches"]))
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"wall": wall, "run": run, "launches": launches, "ready": ready,
+                                           "per_launch": per_launch, "count": count}
