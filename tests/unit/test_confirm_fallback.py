@@ -1,5 +1,5 @@
-"""Confirmation one step down: a chosen ladder step that meets its SLOs in screening but misses one in a longer
-repeat (it sits on the SLO's edge) is confirmed again at the next step screening met its SLOs at.
+"""Confirmation one step down: a chosen ladder step that meets its SLOs in screening but misses one in a
+confirmation repeat (it sits on the SLO's edge) is confirmed again at the next step screening met its SLOs at.
 
 The h200x8 emulated night found it: screening's top step met p95 TTFT by under 1 %, a confirmation repeat
 missed it by under 1 %, and the study ended with no confirmed winner. The launches are replaced by a

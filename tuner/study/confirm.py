@@ -275,8 +275,8 @@ class ConfirmationPhase:
             fallback = self._fallback(screened, concurrency) if missed_slo else None
             if fallback is not None and not should_stop() and (
                     deadline is None or clock.now() + per_candidate_s <= deadline):
-                # The chosen step met its SLOs in screening's shorter window but not in every longer repeat:
-                # it sits on an SLO's edge. The next step down that screening measured is confirmed instead
+                # The chosen step met its SLOs in screening but not in every repeat here: it sits on an
+                # SLO's edge. The next step down that screening measured is confirmed instead
                 # (once), so the export names an operating point that holds (docs/decisions.md).
                 progress.events.append(f"confirm trial {number}: concurrency {concurrency} missed an SLO in a "
                                        f"repeat; confirming at {fallback}, the next step screening met its SLOs at")
