@@ -220,7 +220,7 @@ def _with_goodput(objective: Objective, run: Measurement, units: Units) -> dict[
     if objective.goodput_slos and run.steps:
         chosen = run.steps[run.chosen if run.chosen is not None else -1]
         summary["request_goodput"] = request_goodput(chosen.result, objective.goodput_slos, units)
-    if run.steps:  # where confirmation may fall back to when its longer windows miss an SLO at the chosen step
+    if run.steps:  # where confirmation steps down to when a repeat misses an SLO at the chosen step
         summary["feasible_concurrencies"] = sorted(s.concurrency for s in run.steps if s.feasible)
     if run.knee is not None:
         summary["knee_predicted"] = run.knee.predicted

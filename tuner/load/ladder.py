@@ -400,14 +400,14 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
         rate_key = _rate_metric(objective)
         best_rate = -math.inf
         stale = 0
-        for concurrency in concurrencies:
+        for planned in concurrencies:
             requests = units.client_requests(workload.num_prompts if spec is None else max(
-                workload.num_prompts, math.ceil(concurrency * spec.prompts_per_concurrency)))
-            step = _run_step(runner, spec, concurrency, first_job, requests, should_stop, scrape, server_metrics)
+                workload.num_prompts, math.ceil(planned * spec.prompts_per_concurrency)))
+            step = _run_step(runner, spec, planned, first_job, requests, should_stop, scrape, server_metrics)
             first_job += jobs_for(workload, requests)
             steps.append(step)
             rate = _value(step.summary, rate_key)
-            planned, concurrency = concurrency, step.concurrency  # whole client streams: what the node ran
+            concurrency = step.concurrency  # in whole client streams: what the node ran
             logger.info("ladder: concurrency %d%s: %s %.1f, %s%s", concurrency,
                         f" (step {planned} in whole streams)" if planned != concurrency else "", rate_key, rate,
                         "meets the SLOs" if step.feasible else "; ".join(step.violations),

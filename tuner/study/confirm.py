@@ -271,7 +271,7 @@ class ConfirmationPhase:
             screened = study.trials[number]
             concurrency = _int_or_none(screened.user_attrs.get("max_concurrency"))
             missed_slo = self._confirm_at(study, ctx, run_trial, number, config, control_of, concurrency,
-                                          progress, on_progress, should_stop)
+                                          progress, on_progress, should_stop, stepped_down=False)
             fallback = self._fallback(screened, concurrency) if missed_slo else None
             if fallback is not None and not should_stop() and (
                     deadline is None or clock.now() + per_candidate_s <= deadline):
@@ -282,19 +282,19 @@ class ConfirmationPhase:
                                        f"repeat; confirming at {fallback}, the next step screening met its SLOs at")
                 progress.confirm_planned += 1
                 self._confirm_at(study, ctx, run_trial, number, config, control_of, fallback, progress, on_progress,
-                                 should_stop)
+                                 should_stop, stepped_down=True)
 
     def _confirm_at(self, study: optuna.Study, ctx: TrialContext, run_trial: RunTrial, number: int,
                     config: ServeConfig, control_of: int | None, concurrency: int | None, progress: Progress,
-                    on_progress: Callable[[Progress], None],
-                    should_stop: Callable[[], bool]) -> bool:
+                    on_progress: Callable[[Progress], None], should_stop: Callable[[], bool], *,
+                    stepped_down: bool) -> bool:
         """One confirmation launch at ``concurrency`` (None: the workload's own); stores its verdict.
 
-        Returns whether the verdict is a rejection only because a repeat missed an SLO.
+        ``stepped_down``: below the step screening chose (its folder then names the concurrency). Returns
+        whether the verdict is a rejection only because a repeat missed an SLO.
         """
         suffix = "-control" if control_of is not None else ""
-        screened_c = _int_or_none(study.trials[number].user_attrs.get("max_concurrency"))
-        at = f"-c{concurrency}" if concurrency is not None and concurrency != screened_c else ""
+        at = f"-c{concurrency}" if stepped_down else ""
         tdir = self.path / "confirm" / f"{number:04d}{suffix}{at}"
         progress.trial_number = number
         progress.current = f"control of trial {number} (speculation off)" if control_of is not None else (
