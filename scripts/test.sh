@@ -6,8 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
-ruff check tuner tests scripts benchmarks
-mypy
+lanes=$(mktemp -d)
+# Lint and type checks run beside the services' start and the tests (one core is mostly idle while a vLLM
+# server imports); their verdict is read at the end, and a failure fails the run.
+( ruff check tuner tests scripts benchmarks && mypy ) > "$lanes/lint.log" 2>&1 &
+lint_pid=$!
 # PostgreSQL (Debian package) and a Ray head, both on 127.0.0.1, for the scale-out tests.
 # (Not `eval "$(...)"` alone: eval of an empty string succeeds, so a failed start would go unnoticed.)
 if services=$(bash scripts/ci_services.sh start); then
@@ -19,7 +22,7 @@ elif [ "${DSV4_CI:-}" = 1 ]; then
 else
   echo "test.sh: warning: PostgreSQL/Ray did not start (see above); their tests will be skipped" >&2
 fi
-trap 'bash scripts/ci_services.sh stop >/dev/null 2>&1 || true' EXIT
+trap 'bash scripts/ci_services.sh stop >/dev/null 2>&1 || true; kill "$lint_pid" 2>/dev/null || true' EXIT
 if [ "${DSV4_CI:-}" = 1 ]; then
   python tests/ci_parts.py   # names every missing part and exits 1
 fi
@@ -29,7 +32,6 @@ fi
 # - the rest: unit tests, the emulated node and its nights, beside them (their log is shown when they end).
 # A lane that the given arguments leave empty (pytest's exit code 5) passes. DSV4_JUNIT_DIR: write each
 # lane's junit XML there (servers.xml, rest.xml), for docs/evidence/ci-timing/collect.py.
-lanes=$(mktemp -d)
 started=$(date +%s)
 junit() { if [ -n "${DSV4_JUNIT_DIR:-}" ]; then mkdir -p "$DSV4_JUNIT_DIR"; echo "--junitxml=$DSV4_JUNIT_DIR/$1.xml"; fi; }
 set +e
@@ -41,12 +43,16 @@ python -m pytest -q --durations=15 -m server --basetemp="$lanes/servers-tmp" $(j
 servers_rc=$?
 wait "$rest_pid"
 rest_rc=$?
+wait "$lint_pid"
+lint_rc=$?
 set -e
 echo "=== lane 'rest' (not server) ==="
 cat "$lanes/rest.log"
+echo "=== ruff and mypy ==="
+cat "$lanes/lint.log"
 ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
-echo "tests took $(( $(date +%s) - started )) s (lanes: servers exit $servers_rc, rest exit $rest_rc)"
-if ok "$servers_rc" && ok "$rest_rc"; then
+echo "tests took $(( $(date +%s) - started )) s (lanes: servers exit $servers_rc, rest exit $rest_rc; ruff and mypy exit $lint_rc)"
+if ok "$servers_rc" && ok "$rest_rc" && [ "$lint_rc" = 0 ]; then
   rm -rf "$lanes"
 else
   echo "test.sh: the failed tests' files are kept under $lanes" >&2

@@ -45,8 +45,7 @@ def launch_spec(cli: str, model: Path, workdir: Path, *, port: int | None = None
     port = port or free_port()
     return LaunchSpec(argv=[cli, "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
                             "--served-model-name", SERVED, *engine.flags(ARGS)],
-                      env={**ENV, **engine.server_env(split, ARGS), "VLLM_CACHE_ROOT": str(workdir / "cache"),
-                           "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")},
+                      env={**ENV, **engine.server_env(split, ARGS)},
                       host="127.0.0.1", port=port, workdir=workdir, ready_timeout_s=READY_TIMEOUT_S,
                       cpus=split.server if split else None)
 

@@ -74,7 +74,7 @@ PROFILE = {
 OBJECTIVE = {
     "name": "throughput-faults", "direction": "maximize", "metric": "output_throughput",
     "slos": {"p95_ttft_ms": 600000, "p95_itl_ms": 60000},
-    "workload": {"input_len": 32, "output_len": 32, "num_prompts": 240, "concurrency": 4, "warmup_prompts": 1},
+    "workload": {"input_len": 32, "output_len": 32, "num_prompts": 120, "concurrency": 4, "warmup_prompts": 1},
 }
 
 
@@ -114,7 +114,7 @@ def _requests_running(port: int) -> Callable[[], bool]:
 
 def _load_under_way(port: int) -> Callable[[], bool]:
     """Requests are running, or some have completed (a counter: a poll that misses the gauge between two
-    short requests, on a busy machine, still sees the load under way while the other 200-odd run)."""
+    short requests, on a busy machine, still sees the load under way while the other 100-odd run)."""
     running, completed = _requests_running(port), _requests_completed(port, 1)
     return lambda: running() or completed()
 

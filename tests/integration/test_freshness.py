@@ -6,37 +6,26 @@ with prefix caching on (``--enable-prefix-caching``, block size 32); this test's
 first stopped (as a confirmation's repeats do), show no prefix-cache hit in any window. The old
 behaviour, a second measurement that starts at prompt 0 again (each repeat re-sending jobs 0..n), hits
 the cache, and the window check refuses it.
-Then one real trial with two repeats in one launch (``run_trial``, the confirmation path) records no
-hit in either repeat. Run under ``flock /tmp/dsv4-vllm.lock``: it starts servers.
+A real confirmation launch (two repeats on one server, through the whole study) is checked for the same
+in ``tests/integration/test_study_e2e.py``. Run under ``flock /tmp/dsv4-vllm.lock``: it uses a server.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import vllm_cli
 from tests.cpu_server import SharedServer
 from tuner.engines import default_engine
-from tuner.load.affinity import plan_cpu_split
 from tuner.load.ladder import LadderSpec, Measurement, measure
 from tuner.load.metrics import parse_prometheus
 from tuner.objective import Objective, Workload
-from tuner.search.space import ServeConfig
-from tuner.trial import TrialContext, run_trial
 
 pytestmark = [pytest.mark.server]
 
 SERVED = "demo"
-VOCAB = 4096
-SPLIT = plan_cpu_split(1, bind_omp=True)
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}
-ARGS = {"max-model-len": 1024, "enforce-eager": True, "dtype": "bfloat16", "max-num-seqs": 8, "block-size": 32,
-        "enable-prefix-caching": True}
 # Two ladder steps, so a measurement has two windows of 6 prompts of 128 tokens each (4 blocks of 32).
 OBJECTIVE = Objective(
     name="fresh", metric="output_throughput", direction="maximize", slos={"p95_ttft_ms": 600_000},
@@ -80,23 +69,3 @@ def test_windows_on_one_server_send_fresh_prompts_and_the_old_restart_at_prompt_
     assert again.refused and "on a 'random' workload that shares no prefix" in again.refused[0]
     assert not again.steps[0].feasible and any("window refused" in v for v in again.steps[0].violations)
     assert len(again.steps) == 1  # a refused window ends the ladder, as a broken SLO does
-
-
-def test_a_confirmation_launch_measures_every_repeat_cold(tmp_path: Path, demo_model: Path) -> None:
-    cli = vllm_cli()
-    assert cli is not None
-    ctx = TrialContext(vllm_cmd=[cli], model=str(demo_model), objective=OBJECTIVE, vocab_size=VOCAB,
-                       served_model_name=SERVED, ready_timeout_s=300, cpu_split=SPLIT)
-    config = ServeConfig(args={**ARGS, "max-num-seqs": 4}, env=ENV)
-    outcome = run_trial(ctx, config, tmp_path / "trial", repeats=2)
-    assert outcome.ok, outcome.reason
-    load = json.loads((tmp_path / "trial" / "load.json").read_text())
-    assert len(load["repeats"]) == 2
-    starts = [step["first_job"] for r in load["repeats"] for step in r["steps"]]
-    assert starts == [0, 6, 12, 18], starts
-    for repeat in load["repeats"]:
-        assert repeat["refused_windows"] == []
-        for step in repeat["steps"]:
-            facts = step["server"]["facts"]
-            assert facts["prefix_cache_queries"] > 0 and facts["prefix_cache_hits"] == 0, facts
-            assert step["window_check"]["refused"] == []

@@ -70,7 +70,7 @@ def _launch(model: Path, name: str, workdir: Path) -> ServerProcess:
             "--max-num-seqs", "4", *cfg["flags"]]
     key = secrets.token_urlsafe(16)
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120",
-           "VLLM_API_KEY": key, "VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
+           "VLLM_API_KEY": key}
     return ServerProcess(LaunchSpec(argv=argv, env=env, host="127.0.0.1", port=port, workdir=workdir,
                                     ready_timeout_s=300, api_key=key, model_name="fixture"))
 

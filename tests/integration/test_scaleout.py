@@ -2,7 +2,8 @@
 Ray cluster (loopback, logical GPUs), with real vLLM (CPU build) trials run one at a time.
 
 PostgreSQL and Ray come from ``scripts/ci_services.sh`` (started here if ``$DSV4_TUNE_STORAGE`` /
-``$DSV4_RAY_ADDRESS`` are not set). vLLM launches: 3 for the workers (one killed), 3 for Ray (one killed).
+``$DSV4_RAY_ADDRESS`` are not set). vLLM launches: 3 for the workers (one killed), 2 for Ray (one trial: its
+first attempt killed, its retry).
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ def test_ray_backend_reserves_a_node_per_trial_and_retries_a_lost_trial(
     driver = subprocess.Popen(
         [sys.executable, "-m", "tuner.cli", "run", "--backend", "ray", "--ray-address", ray_address,
          "--hw", str(catalog["profile"]), "--objective", str(catalog["objective"]), "--model", str(demo_model),
-         "--trials", "2", "--study", name, "--runs-dir", str(runs), "--guards", "none", "--gpus-per-trial", "1",
+         "--trials", "1", "--study", name, "--runs-dir", str(runs), "--guards", "none", "--gpus-per-trial", "1",
          "--max-retries", "1", "--accept-unconfirmed"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     procs.append(driver)
@@ -302,7 +303,7 @@ def test_ray_backend_reserves_a_node_per_trial_and_retries_a_lost_trial(
     study_dir = runs / name
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{study_dir / 'study.db'}")
     launched = [t for t in study.get_trials() if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
-    assert len(launched) == 2, [(t.number, t.state, t.user_attrs) for t in study.get_trials()]
+    assert len(launched) == 1, [(t.number, t.state, t.user_attrs) for t in study.get_trials()]
     for t in launched:
         assert t.user_attrs["backend"] == "ray"
         assert len(t.user_attrs["ray_gpu_ids"]) == 1  # the placement group's one logical GPU
@@ -314,7 +315,7 @@ def test_ray_backend_reserves_a_node_per_trial_and_retries_a_lost_trial(
     assert (lost_dir / "server.log").is_file()
     assert not group_alive(int(server["pgid"])), "the lost attempt's server was left running"
     assert (study_dir / "best" / "profile.yaml").is_file()
-    assert len((study_dir / "trials.csv").read_text().strip().splitlines()) >= 3  # header + the two launches
+    assert len((study_dir / "trials.csv").read_text().strip().splitlines()) >= 2  # header + the launch
 
 
 # -- pure: no service ----------------------------------------------------------------------------------

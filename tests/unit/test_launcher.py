@@ -155,6 +155,19 @@ def test_sigterm_ignoring_group_is_sigkilled_after_grace(started: list[int]) -> 
     assert not group_alive(proc.pid)
 
 
+def test_a_stopped_member_gets_its_sigterm_not_a_sigkill_after_the_grace(started: list[int]) -> None:
+    """A SIGSTOPped process (an engine wedged on purpose, a debugger) receives SIGTERM only when continued:
+    without the SIGCONT it would sit out the whole grace and die by SIGKILL."""
+    proc = _spawn_group("print('armed', flush=True)\n"
+                        "import time; time.sleep(600)\n")
+    started.append(proc.pid)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"armed"
+    os.kill(proc.pid, signal.SIGSTOP)
+    kill_group(proc.pid, grace_s=120)
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+    assert not group_alive(proc.pid)
+
+
 def test_kill_group_of_dead_group_returns_without_waiting(started: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     proc = _spawn_group("pass")
     proc.wait(timeout=10)

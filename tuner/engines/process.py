@@ -111,11 +111,17 @@ def wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> bool:
 
 
 def kill_group(pgid: int, *, grace_s: float = 15.0) -> None:
-    """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_s``."""
+    """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_s``.
+
+    SIGCONT follows the SIGTERM, as the shell's ``kill`` does for a stopped job: a stopped member (SIGSTOP,
+    a debugger) gets its SIGTERM only once continued, and would otherwise hold the group for the whole grace.
+    """
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGCONT)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if not group_alive(pgid):

@@ -99,6 +99,8 @@ def collect(folder: Path) -> dict[str, Any]:
             # the lanes run side by side: the tests' wall time is test.sh's, each lane's is the sum of its tests
             "pytest_s": float(lanes.group(1)) if lanes else (float(summary[-1].group(2)) if summary else None),
             "lanes_s": lane_s,
+            # scripts/test.sh runs ruff and mypy beside the tests and prints their exit code with the lanes'
+            "lint_beside_tests": bool(re.search(r"^tests took \d+ s \(.*ruff and mypy exit", log, re.M)),
             # each lane deselects the other's tests: a deselected count says nothing of the run
             "pytest_counts": {k: n for k, n in sum((collections.Counter(_counts(m.group(1))) for m in summary),
                                                    collections.Counter()).items() if k != "deselected"},

