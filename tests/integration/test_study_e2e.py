@@ -12,8 +12,8 @@ One study (module fixture), inspected by every test here; its launches are share
 - ``verify``: ``best/serve.sh`` served again as it is, measured with the confirmation's workload.
 - ``resume``: one more launched trial (the one legal configuration left), the finished ones untouched.
 
-Four vLLM launches in all (two trials, the confirmation, the re-serve) plus whatever the resumed trial
-launches. The fault night (``tests/faults/test_vllm_night.py``) covers a flag vLLM rejects at a real launch.
+Five vLLM launches in all: two trials, the confirmation, the re-serve and the resumed trial. The fault night
+(``tests/faults/test_vllm_night.py``) covers a flag vLLM rejects at a real launch.
 """
 
 from __future__ import annotations
