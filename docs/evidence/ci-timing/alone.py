@@ -22,6 +22,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from collect import module_of  # this folder's junit reading (run as a script: the folder is on sys.path)
+
 STAMP = re.compile(r"\(APIServer pid=\d+\) INFO (\d\d-\d\d \d\d:\d\d:\d\d) \[([a-z_0-9.]+):\d+\]")
 OUT = Path(__file__).resolve().parent / "servers-alone.json"
 
@@ -40,13 +42,13 @@ def collect(folder: Path, commit: str) -> dict[str, Any]:
     modules: dict[str, float] = collections.defaultdict(float)
     root = ET.parse(folder / "servers.xml").getroot()  # noqa: S314 (pytest's own output)
     for case in root.iter("testcase"):
-        modules[case.get("classname", "").replace(".", "/") + ".py"] += float(case.get("time", 0.0))
+        modules[module_of(case.get("classname", ""))] += float(case.get("time", 0.0))
     launches: dict[str, list[float]] = {"own cache root": [], "default cache root": []}
     for log in sorted((folder / "tmp").rglob("server.log")):
         gap = _gap_s(log)
         if gap is None:
             continue
-        own = any(p.name == "modelinfos" for p in log.parent.rglob("modelinfos"))
+        own = any(log.parent.rglob("modelinfos"))
         launches["own cache root" if own else "default cache root"].append(gap)
     return {"what": "the server-marked tests alone on an idle 2-core machine (no other lane)", "commit": commit,
             "lane_s": round(sum(modules.values()), 1),

@@ -57,6 +57,14 @@ def _cpu() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem_kib / 2**20, 1)}
 
 
+def module_of(classname: str) -> str:
+    """The test module of a junit ``classname`` (``tests.unit.test_x`` or ``tests.unit.test_x.TestClass``)."""
+    parts = classname.split(".")
+    while parts and not parts[-1].startswith("test_"):  # a test class: its module is above it
+        parts.pop()
+    return "/".join(parts) + ".py"
+
+
 def collect(folder: Path) -> dict[str, Any]:
     log = (folder / "ci.log").read_text(errors="replace")
     setup = re.search(r"^setup took (\d+) s", log, re.M)
@@ -77,10 +85,7 @@ def collect(folder: Path) -> dict[str, Any]:
         lane_s[path.stem] = round(sum(float(c.get("time", 0.0)) for c in lane_cases), 1)
         cases += [(path.stem, c) for c in lane_cases]
     for lane, case in cases:
-        parts = case.get("classname", "").split(".")
-        while parts and not parts[-1].startswith("test_"):  # a test class: its module is above it
-            parts.pop()
-        name = "/".join(parts) + ".py"
+        name = module_of(case.get("classname", ""))
         if name.startswith("tests/unit/"):
             name = "tests/unit (all)"
         modules[name] += float(case.get("time", 0.0))
