@@ -133,6 +133,33 @@ def runs(folder: Path) -> str:
     return "\n".join(rows)
 
 
+def _kept(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("demo*.json"))]
+
+
+def within_five(folder: Path) -> str:
+    """How many kept runs ended within 5 minutes with a confirmed winner, of how many."""
+    kept = _kept(folder)
+    met = sum(1 for d in kept
+              if float(d["wall_s"]) <= 300 and d["exported"] and d["confirmation_status"] == "confirmed")
+    return f"{met} of {len(kept)}"
+
+
+def over_five(folder: Path) -> str:
+    """How far past 5 minutes the slowest kept run ended."""
+    return _clock(max(float(d["wall_s"]) for d in _kept(folder)) - 300)
+
+
+def launch_counts(folder: Path) -> str:
+    counts = sorted(len(d["launches"]) for d in _kept(folder))
+    return str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]}–{counts[-1]}"
+
+
+def ready_all(folder: Path) -> str:
+    """From launch to ready, over every launch of every kept run."""
+    return _range([float(r["ready_s"]) for d in _kept(folder) for r in d["launches"] if r["ready_s"] is not None])
+
+
 def wall_range(folder: Path) -> str:
     """The demo's wall time over every kept run (machines differ)."""
     walls = sorted(float(json.loads(p.read_text(encoding="utf-8"))["wall_s"]) for p in folder.glob("demo*.json"))
@@ -159,5 +186,6 @@ def shorter_windows(folder: Path) -> str:
 TABLES: dict[str, Callable[[Path], str]] = {
     "runs": runs, "wall_range": wall_range, "wall": wall, "run": run, "launches": launches, "ready": ready,
     "per_launch": per_launch, "count": count, "machine": machine, "breakdown": breakdown, "ready_share": ready_share,
-    "client_lag": client_lag, "shorter_windows": shorter_windows,
+    "client_lag": client_lag, "shorter_windows": shorter_windows, "within_five": within_five,
+    "over_five": over_five, "launch_counts": launch_counts, "ready_all": ready_all,
 }
