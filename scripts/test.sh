@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Lint, type-check and run the whole test suite (unit + real vLLM CPU server tests).
-# Usage: bash scripts/test.sh [pytest args]     (after bash scripts/setup.sh)
+# Usage: bash scripts/test.sh [pytest args]     (after bash scripts/setup.sh; each lane must still select a test)
 # Under CI (DSV4_CI=1, set by .ci/run) a service that does not start, or any required part that is
 # missing (vLLM, torch, Ray, PostgreSQL: tests/ci_parts.py), stops the run here, before the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
+. scripts/lanes.sh
 lanes=$(mktemp -d)
 # Lint and type checks run beside the services' start and the tests (one core is mostly idle while a vLLM
 # server imports); their verdict is read at the end, and a failure fails the run.
@@ -30,8 +31,8 @@ fi
 # - servers: the tests that start a real vLLM (CPU build) server (marker `server`), one at a time, in this
 #   terminal; two such launches on 2 cores would measure each other;
 # - the rest: unit tests, the emulated node and its nights, beside them (their log is shown when they end).
-# A lane that the given arguments leave empty (pytest's exit code 5) passes. DSV4_JUNIT_DIR: write each
-# lane's junit XML there (servers.xml, rest.xml), for docs/evidence/ci-timing/collect.py.
+# A lane with no tests fails (scripts/lanes.sh). DSV4_JUNIT_DIR: write each lane's junit XML there
+# (servers.xml, rest.xml), for docs/evidence/ci-timing/collect.py.
 started=$(date +%s)
 junit() { if [ -n "${DSV4_JUNIT_DIR:-}" ]; then mkdir -p "$DSV4_JUNIT_DIR"; echo "--junitxml=$DSV4_JUNIT_DIR/$1.xml"; fi; }
 set +e
@@ -50,9 +51,12 @@ echo "=== lane 'rest' (not server) ==="
 cat "$lanes/rest.log"
 echo "=== ruff and mypy ==="
 cat "$lanes/lint.log"
-ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
 echo "tests took $(( $(date +%s) - started )) s (lanes: servers exit $servers_rc, rest exit $rest_rc; ruff and mypy exit $lint_rc)"
-if ok "$servers_rc" && ok "$rest_rc" && [ "$lint_rc" = 0 ]; then
+verdict=0
+lane_verdict servers "$servers_rc" || verdict=1
+lane_verdict rest "$rest_rc" || verdict=1
+[ "$lint_rc" = 0 ] || { echo "test.sh: ruff or mypy failed (exit $lint_rc; their log is above)" >&2; verdict=1; }
+if [ "$verdict" = 0 ]; then
   rm -rf "$lanes"
 else
   echo "test.sh: the failed tests' files are kept under $lanes" >&2

@@ -3,7 +3,10 @@
 Each case runs pytest's collection in a subprocess under ``DSV4_CI=1``. A part is hidden for real: a
 ``sitecustomize`` on ``PYTHONPATH`` puts a finder first on ``sys.meta_path`` that refuses to import it
 (as if it were not installed); PostgreSQL is hidden by unsetting its URL. A second group runs a tiny
-suite under the repo's hooks and checks that a skip and an xfail fail the run, and a GPU skip does not.
+suite under the repo's hooks and checks that a skip and an xfail fail the run, and a GPU skip does not,
+unless the machine has a GPU. The last group checks what else CI must not let through: a lane that
+collects no tests, an xfail that passes (a ``strict=False`` one too), and ``test_power.py`` skipping
+where ``nvidia-smi`` exists.
 """
 
 from __future__ import annotations
@@ -117,12 +120,13 @@ def pytest_configure(config):
 '''
 
 
-def _run_suite(tmp_path: Path, *, ci: bool, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run_suite(tmp_path: Path, *, ci: bool, extra: dict[str, str] | None = None,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_tiny.py").write_text(SUITE)
     for name, text in (extra or {}).items():
         (tmp_path / name).write_text(text)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(extra_env or {})}
     env.pop(CI_ENV, None)
     if ci:
         env[CI_ENV] = "1"
@@ -157,3 +161,83 @@ def test_under_ci_a_module_skipped_at_import_fails_the_run(tmp_path: Path) -> No
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "dsv4_no_such_module" in out and "DSV4_CI=1" in out, out
+
+
+# -- what CI lets through: an empty lane, a loose xfail, a GPU skip on a GPU machine, test_power.py ----------
+def test_a_lane_with_no_tests_fails(tmp_path: Path) -> None:
+    """pytest's exit code 5 (nothing collected) is a failure of its lane, and test.sh judges both lanes so."""
+    empty = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "server",
+                            "tests/unit/test_objective.py"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                           check=False)
+    assert empty.returncode == 5, empty.stdout[-2000:]  # a lane whose filter selects nothing
+
+    def verdict(rc: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", f". scripts/lanes.sh && lane_verdict servers {rc}"], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    assert verdict(0).returncode == 0
+    no_tests = verdict(empty.returncode)
+    assert no_tests.returncode == 1 and "lane 'servers' collected no tests" in no_tests.stderr
+    assert verdict(1).returncode == 1
+    script = (REPO / "scripts" / "test.sh").read_text()
+    assert '. scripts/lanes.sh' in script
+    assert 'lane_verdict servers "$servers_rc"' in script and 'lane_verdict rest "$rest_rc"' in script
+    assert '= 5' not in script  # no other path lets an empty lane through
+
+
+LOOSE = '''
+import pytest
+
+@pytest.mark.xfail(reason="thought broken")
+def test_xpasses():
+    pass
+
+@pytest.mark.xfail(reason="thought broken, loosely", strict=False)
+def test_xpasses_loosely():
+    pass
+
+@pytest.mark.xfail(reason="really broken")
+def test_xfails():
+    assert False
+'''
+
+
+def test_every_xfail_is_strict_a_loose_one_included(tmp_path: Path) -> None:
+    """Under the repo's own pytest configuration (pyproject.toml), outside CI: an xfail that passes fails."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_loose.py").write_text(LOOSE)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(CI_ENV, None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+                           "-c", str(REPO / "pyproject.toml"), str(tmp_path / "test_loose.py")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    # (with the repo's file as the configuration, pytest names the tests from the repo's root)
+    assert "::test_xpasses - [XPASS(strict)] thought broken" in out, out
+    assert "::test_xpasses_loosely - this test is marked" in out and "Every xfail is strict here" in out, out
+    assert "2 failed, 1 xfailed" in out, out  # an xfail that fails as expected is still allowed outside CI
+
+
+def test_under_ci_a_gpu_skip_fails_on_a_machine_with_a_gpu(tmp_path: Path) -> None:
+    """nvidia-smi reads a GPU here (the stand-in, answering the memory probe): the GPU test's skip fails."""
+    standin = REPO / "tests" / "standins" / "gpu_tools"
+    proc = _run_suite(tmp_path, ci=True, extra_env={"PATH": os.pathsep.join([str(standin), os.environ["PATH"]]),
+                                                    "DSV4_STANDIN_MEMORY_MIB": "0"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "FAILED test_tiny.py::test_gpu_only" in out and "This machine has a GPU" in out, out
+    assert "GPU-only test(s) skipped" not in out, out
+
+
+def test_power_runs_where_nvidia_smi_exists() -> None:
+    """tests/unit/test_power.py with an nvidia-smi on the path (the stand-in): every test runs, none skips."""
+    standin = REPO / "tests" / "standins" / "gpu_tools"
+    env = {**os.environ, "PATH": os.pathsep.join([str(standin), os.environ["PATH"]])}
+    env.pop(CI_ENV, None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "tests/unit/test_power.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "skipped" not in out and " passed" in out, out

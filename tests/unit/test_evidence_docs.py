@@ -1,4 +1,5 @@
-"""Every marked table of figures in README.md and docs/ equals what its committed data builds."""
+"""Every marked table of figures in README.md and docs/ equals what its committed data builds, and no measured
+figure in their prose goes without a marker (scripts/evidence.py --check)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,59 @@ def test_a_marker_naming_missing_evidence_is_an_error(tmp_path: Path, ref: str, 
     readme.write_text(readme.read_text() + f"\n<!-- evidence: {ref} -->1<!-- /evidence -->\n", encoding="utf-8")
     problems = evidence.check(repo)
     assert len(problems) == 1 and message in problems[0]
+
+
+# -- the strict check: a measured figure in prose needs a marker ---------------------------------------------
+def _prose_repo(tmp_path: Path, text: str, where: str = "README.md") -> Path:
+    repo = _toy_repo(tmp_path, "5,856")
+    doc = repo / where
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text((doc.read_text() if doc.is_file() else "") + "\n" + text + "\n", encoding="utf-8")
+    return repo
+
+
+@pytest.mark.parametrize("figure", ["7 min 16 s", "30–36 s", "120 ms", "2,428 tok/s", "1.5 req/s", "3.1×",
+                                    "2x", "+7.0 %", "19 %"])
+def test_an_unbacked_measured_figure_in_prose_fails_the_check(tmp_path: Path, figure: str) -> None:
+    repo = _prose_repo(tmp_path, f"On this machine the demo reads {figure} for it.")
+    problems = evidence.check(repo)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("README.md:") and repr(figure) in problems[0] and "no evidence marker" in problems[0]
+
+
+def test_an_unbacked_figure_in_a_doc_or_a_claim_folders_readme_fails_too(tmp_path: Path) -> None:
+    repo = _prose_repo(tmp_path, "A launch took 33 s.", where="docs/evidence/toy/README.md")
+    (repo / "docs" / "notes.md").write_text("The gate ran in 2.5 s.\n", encoding="utf-8")
+    problems = evidence.check(repo)
+    assert sorted(p.split(":")[0] for p in problems) == ["docs/evidence/toy/README.md", "docs/notes.md"], problems
+
+
+@pytest.mark.parametrize("text", [
+    "The watchdog stops a launch after <!-- not measured -->600 s of silence.",   # configured, and says so
+    "The baseline ran at <!-- evidence: toy/peak -->5,856<!-- /evidence --> tok/s.",  # backed by its data
+    "Run `dsv4-tune --budget 90m` or `sleep 5 s` (commands are not prose).",
+    "    took 7 min 16 s   (an indented code block after a blank line)",
+    "A 4×GH200 node, 4×96 GB, 2 × 264 B (counts and products, not ratios); p95 TTFT, v0.26.",
+    "[a link](docs/x.md#took-5-s) in prose with no figure.",
+])
+def test_backed_configured_code_and_non_figures_pass(tmp_path: Path, text: str) -> None:
+    repo = _prose_repo(tmp_path, "\n" + text)
+    assert evidence.check(repo) == []
+
+
+def test_a_tool_written_report_in_a_claim_folder_is_data_not_prose(tmp_path: Path) -> None:
+    repo = _prose_repo(tmp_path, "trial 0: 2428.2 tok/s in 33 s", where="docs/evidence/toy/report.md")
+    assert evidence.check(repo) == []
+
+
+def test_a_not_measured_marker_with_no_figure_after_it_fails(tmp_path: Path) -> None:
+    repo = _prose_repo(tmp_path, "The limit is <!-- not measured --> generous.")
+    problems = evidence.check(repo)
+    assert len(problems) == 1 and "is not followed by a figure" in problems[0], problems
+
+
+def test_a_table_that_fails_on_its_data_is_reported_not_raised(tmp_path: Path) -> None:
+    repo = _toy_repo(tmp_path, "5,856")
+    (repo / "docs" / "evidence" / "toy" / "data.csv").write_text("name,tok_s\n", encoding="utf-8")
+    problems = evidence.check(repo)
+    assert problems and all("failed on its data" in p for p in problems), problems

@@ -109,27 +109,67 @@ def test_a_confirmed_winner_exports_without_consent_and_says_so(tmp_path: Path,
 
 
 def _rejected_rows(report: str) -> dict[int, tuple[float, ...]]:
-    """Rows of a report's confirmation table that were not accepted (trial, not a control) → repeats."""
+    """Rows of a report's confirmation table that were not accepted (trial, not a control) → repeats.
+
+    The columns are found by their header (``trial``, ``control of``, ``repeats``, ``accepted``), so a column
+    added to the table does not make every row unreadable (a table this test once read by position).
+    """
     rows: dict[int, tuple[float, ...]] = {}
+    header: list[str] | None = None
     for line in report.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 8 and cells[0].isdigit() and cells[1] == "" and cells[6] == "False":
-            rows[int(cells[0])] = tuple(float(v) for v in re.findall(r"[\d.]+", cells[2]))
+        if {"trial", "control of", "repeats", "accepted"} <= set(cells):
+            header = cells
+            continue
+        if header is None or len(cells) != len(header):
+            continue
+        row = dict(zip(header, cells, strict=True))
+        if row["trial"].isdigit() and row["control of"] == "" and row["accepted"] == "False":
+            rows[int(row["trial"])] = tuple(float(v) for v in re.findall(r"[\d.]+", row["repeats"]))
     return rows
+
+
+def _check_export_carries_its_rejected_confirmation(folder: Path) -> str:
+    """A study folder (``report.md``, ``best/``) whose exported trial was rejected in confirmation carries that
+    verdict and its repeats in every file. Returns ``"rejected"`` when it checked that, ``"none"`` when the
+    exported trial has no rejected confirmation (nothing to carry); an assertion fails otherwise."""
+    identity = json.loads((folder / "best" / "identity.json").read_text())
+    report = (folder / "report.md").read_text() if (folder / "report.md").is_file() else ""
+    rejected = _rejected_rows(report).get(int(identity["trial"]))
+    if identity.get("confirmed") or rejected is None:
+        assert identity.get("confirmation_status", "unconfirmed") != "rejected" or identity["confirmation"]
+        return "none"
+    assert identity["confirmation"] is not None, f"{folder.name}: the rejected confirmation {rejected} was dropped"
+    assert tuple(round(v, 1) for v in identity["confirmation"]["values"]) == rejected
+    serve = (folder / "best" / "serve.sh").read_text()
+    assert "REJECTED in confirmation" in serve and "UNCONFIRMED (single screening run)" not in serve
+    return "rejected"
 
 
 @pytest.mark.parametrize("study", sorted(p.parent.parent.name
                                          for p in (REPO / "docs" / "evidence").glob("*/best/identity.json")))
 def test_committed_exports_carry_their_rejected_confirmations(study: str) -> None:
     """The committed evidence itself: a rejected confirmation of the exported trial is in its files."""
-    folder = REPO / "docs" / "evidence" / study
-    identity = json.loads((folder / "best" / "identity.json").read_text())
-    report = (folder / "report.md").read_text() if (folder / "report.md").is_file() else ""
-    rejected = _rejected_rows(report).get(int(identity["trial"]))
-    if identity.get("confirmed") or rejected is None:
-        assert identity.get("confirmation_status", "unconfirmed") != "rejected" or identity["confirmation"]
-        return
-    assert identity["confirmation"] is not None, f"{study}: the rejected confirmation {rejected} was dropped"
-    assert tuple(round(v, 1) for v in identity["confirmation"]["values"]) == rejected
-    serve = (folder / "best" / "serve.sh").read_text()
-    assert "REJECTED in confirmation" in serve and "UNCONFIRMED (single screening run)" not in serve
+    assert _check_export_carries_its_rejected_confirmation(REPO / "docs" / "evidence" / study) in {"rejected", "none"}
+
+
+def test_the_committed_exports_check_reads_a_rejected_confirmation_and_fails_on_a_dropped_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above on a study whose winner was rejected (no committed study is one): it takes the rejected
+    branch and passes; with the verdict dropped from identity.json, or the serve.sh relabelled as the old bug
+    wrote it, it fails."""
+    _fake_launches(monkeypatch, NOISY)
+    assert _run(tmp_path, "--accept-unconfirmed") == 0
+    study = tmp_path / "runs" / "s"
+    assert _rejected_rows((study / "report.md").read_text()), "the report's confirmation table was not read"
+    assert _check_export_carries_its_rejected_confirmation(study) == "rejected"
+    identity_path = study / "best" / "identity.json"
+    identity = json.loads(identity_path.read_text())
+    identity_path.write_text(json.dumps({**identity, "confirmation": None}))
+    with pytest.raises(AssertionError, match="was dropped"):
+        _check_export_carries_its_rejected_confirmation(study)
+    identity_path.write_text(json.dumps(identity))
+    serve = study / "best" / "serve.sh"
+    serve.write_text(serve.read_text().replace("REJECTED in confirmation", "UNCONFIRMED (single screening run)"))
+    with pytest.raises(AssertionError):
+        _check_export_carries_its_rejected_confirmation(study)

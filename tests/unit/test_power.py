@@ -3,13 +3,18 @@
 This machine has no GPU: the reader here is :class:`tests.standins.power_reader.StandInPowerReader`
 (a stand-in for NVML, named so), on a fake clock where the arithmetic must be exact, and against the
 stand-in stream server through the real ladder. What must hold on a host without a GPU is tested on
-this one as it is: no reader, a logged reason, no energy figures, and an energy objective refused.
+a host with its GPU tools hidden (NVML's module and ``nvidia-smi`` taken off the path, so these tests run
+on a GPU host too): no reader, a logged reason, no energy figures, and an energy objective refused. A
+host where ``nvidia-smi`` answers is the stand-in ``nvidia-smi`` (``tests/standins/gpu_tools/``) first on
+the path.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,16 +109,39 @@ def no_reader_cached() -> Iterator[None]:
     power._DETECTED[:], power._WHY_NOT[:] = saved
 
 
-@pytest.mark.skipif(bool(__import__("shutil").which("nvidia-smi")), reason="this host has a GPU tool")
-def test_a_host_without_a_gpu_has_no_reader_and_says_why(no_reader_cached: None,
+STANDIN_GPU_TOOLS = Path(__file__).resolve().parents[1] / "standins" / "gpu_tools"
+
+
+@pytest.fixture
+def no_gpu_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host as one without a GPU: NVML's module cannot be imported, and no ``nvidia-smi`` is on the path."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if not (Path(d) / "nvidia-smi").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    assert shutil.which("nvidia-smi") is None
+
+
+def test_a_host_without_a_gpu_has_no_reader_and_says_why(no_reader_cached: None, no_gpu_tools: None,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="tuner.load.power"):
         assert power.detect_power_reader() is None
     assert "not measured" in caplog.text and "nvidia-smi: not on PATH" in power.power_unavailable_reason()
 
 
-@pytest.mark.skipif(bool(__import__("shutil").which("nvidia-smi")), reason="this host has a GPU tool")
-def test_an_energy_objective_is_refused_where_no_gpu_can_be_read(no_reader_cached: None, tmp_path: Path) -> None:
+def test_a_host_with_nvidia_smi_reads_power_through_it(no_reader_cached: None, no_gpu_tools: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """No NVML, but ``nvidia-smi`` answers (the stand-in, 2 GPUs at 300 W): the reader is nvidia-smi's."""
+    monkeypatch.setenv("PATH", os.pathsep.join([str(STANDIN_GPU_TOOLS), os.environ["PATH"]]))
+    monkeypatch.setenv("DSV4_STANDIN_WATTS", "300.00")
+    monkeypatch.setenv("DSV4_STANDIN_GPUS", "2")
+    reader = power.detect_power_reader()
+    assert reader is not None and reader.name == "nvidia-smi" and reader.devices() == 2
+    assert reader.read_w() == (300.0, 300.0) and reader.energy_j() is None
+    assert power.power_unavailable_reason() == ""
+
+
+def test_an_energy_objective_is_refused_where_no_gpu_can_be_read(no_reader_cached: None, no_gpu_tools: None,
+                                                                 tmp_path: Path) -> None:
     from tuner.study import new_record
 
     objective = tmp_path / "joules.yaml"

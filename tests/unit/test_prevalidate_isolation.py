@@ -10,6 +10,7 @@ that touches CUDA, hangs or dies leaves behind.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -37,6 +38,18 @@ def test_legal_launch_of_a_local_model_passes_in_a_child(model: str) -> None:
     assert vv.validate_options({"model": model, "max-num-seqs": 8, "max-model-len": 512}) == []
     check = vv.LAST_CHECK[0]
     assert check.config_step and check.isolated and not check.unavailable and not check.cuda_initialised
+
+
+def test_what_the_child_prints_goes_to_the_debug_log_not_the_terminal(
+        model: str, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM logs its engine config at INFO (to stdout) in the child: between a study's progress lines."""
+    capfd.readouterr()
+    with caplog.at_level(logging.DEBUG, logger=vv.log.name):
+        assert vv.validate_options({"model": model, "max-num-seqs": 8, "max-model-len": 512}) == []
+    assert vv.LAST_CHECK[0].isolated
+    printed = capfd.readouterr()
+    assert "Resolved architecture" not in printed.out + printed.err, printed
+    assert "Resolved architecture" in caplog.text  # kept, at DEBUG
 
 
 def test_a_hub_id_is_only_parsed_in_the_tuners_process() -> None:

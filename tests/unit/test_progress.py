@@ -73,3 +73,81 @@ def test_a_confirmation_with_no_time_left_says_so_instead_of_a_stale_trial() -> 
                         phase="load")
     assert progress.describe().startswith("confirmation: 0 launch(es) planned")
     assert "trial 0" not in progress.describe()
+
+
+# -- the printed lines: fitted to a terminal, whole when piped ----------------------------------------------
+def _printed(tmp_path: Path, *, terminal: bool, width: int, name: str = "a-study-with-a-long-name") -> list[str]:
+    """What the CLI's printer writes for a study with a speculative trial and a confirmation."""
+    import io
+
+    from rich.console import Console
+
+    from tuner.cli.progress_view import progress_printer
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=terminal, width=width, color_system=None, highlight=False)
+    record = synthetic_record(tmp_path, name=name, trials=4, top_k=2)
+    study = Study.create(record, tmp_path / "runs")
+    study.optuna_study().enqueue_trial(SPECULATIVE)
+    study.run(on_progress=progress_printer(console, 0.0, study.clock))
+    text = out.getvalue()
+    assert "\r" not in text and "\x1b" not in text  # nothing redrawn in place, no cursor movement
+    return text.splitlines()
+
+
+def test_on_an_80_column_terminal_every_line_fits_and_none_wraps(tmp_path: Path, phased_launches: None) -> None:
+    lines = _printed(tmp_path, terminal=True, width=80, name="demo")
+    assert lines and all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    # every line is a whole event: a progress line (the study's name first) or an outcome (indented)
+    assert all(line.startswith(("demo ", "  ")) for line in lines), lines
+    progress = [line for line in lines if line.startswith("demo ")]
+    assert any("screening: trials" in line for line in progress) and "done: trials 4/4" in progress[-1]
+    # where the line is too long, the elapsed time goes before the best so far does
+    assert any("best" in line and "elapsed" not in line for line in progress), progress
+    (tmp_path / "narrow").mkdir()
+    narrow = _printed(tmp_path / "narrow", terminal=True, width=40, name="demo")
+    assert all(len(line) <= 40 for line in narrow) and any(line.endswith("…") for line in narrow), narrow
+
+
+def test_piped_every_event_is_one_whole_line(tmp_path: Path, phased_launches: None) -> None:
+    lines = _printed(tmp_path, terminal=False, width=80)
+    assert all(line.startswith(("a-study-with-a-long-name ", "  ")) for line in lines), lines
+    progress = [line for line in lines if line.startswith("a-study")]
+    assert all(line.endswith("elapsed") for line in progress), progress  # nothing cut, nothing wrapped
+    assert any(len(line) > 80 for line in progress)  # longer than the 80 columns a pipe is given, and whole
+    assert any("per launch, measured" in line for line in progress)
+
+
+def test_fit_line_drops_the_least_important_parts_first_then_cuts() -> None:
+    from tuner.study.progress import fit_line
+
+    parts = [("screening: trials 1/4", 0), ("best 10.0 (trial 0)", 1), ("ETA 3 min", 3), ("2.0 min elapsed", 4)]
+    assert fit_line(parts) == "screening: trials 1/4 · best 10.0 (trial 0) · ETA 3 min · 2.0 min elapsed"
+    assert fit_line(parts, 60) == "screening: trials 1/4 · best 10.0 (trial 0) · ETA 3 min"
+    assert fit_line(parts, 45) == "screening: trials 1/4 · best 10.0 (trial 0)"
+    assert fit_line(parts, 30) == "screening: trials 1/4"
+    assert fit_line(parts, 10) == "screening…" and len(fit_line(parts, 10)) == 10
+
+
+def test_the_command_line_piped_writes_one_line_per_event(tmp_path: Path, phased_launches: None,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``dsv4-tune run … > file``: the progress lines and the closing ones (report, winner) are whole lines."""
+    import json
+
+    from tuner.cli.main import main
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    runs = tmp_path / "a-runs-folder-with-a-name-long-enough-to-pass-eighty-columns"
+    assert main(["run", "--hw", "cpu", "--objective", "throughput", "--trials", "2", "--study", "piped",
+                 "--model", str(model), "--prevalidate", "off", "--guards", "none", "--confirm-top-k", "1",
+                 "--no-export", "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "\r" not in out and "\x1b" not in out
+    lines = out.splitlines()
+    starts = ("piped ", "  ", "study ", "report: ", "winner: ")
+    assert all(line.startswith(starts) for line in lines), lines
+    winner = next(line for line in lines if line.startswith("winner: "))
+    assert "robust score" in winner and len(winner) > 80  # the whole sentence on its one line
+    assert any(line.startswith("report: ") and line.endswith("report.md") for line in lines), lines

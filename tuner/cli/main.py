@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,8 +32,7 @@ from tuner.errors import (
 )
 
 if TYPE_CHECKING:
-    from tuner.study import Progress, Study
-    from tuner.study.clock import StudyClock
+    from tuner.study import Study
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)  # errors go to stderr
@@ -154,41 +153,21 @@ def _add_runs_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where studies live (default ./runs)")
 
 
-def _progress_printer(start: float, clock: StudyClock | None = None) -> Callable[[Progress], None]:
-    """Progress lines; with a node clock that runs faster than the wall (the emulated node), times are node time."""
-    last: dict[str, object] = {}
-    node = clock is not None and clock.time_scale != 1.0
-    unit = "node min" if node else "min"
-    origin = clock.now() if clock is not None else start
-
-    def show(p: Progress) -> None:
-        state = (p.stage, p.trial_number, p.phase, p.launched, p.controls, p.repeat)
-        if last.get("state") == state:
-            return
-        last["state"] = state
-        now = clock.now() if clock is not None else time.time()
-        elapsed = f"{(now - origin) / 60:.1f} {unit}"
-        if (p.last and p.phase in ("done",)) or (p.phase == "launch" and p.events):
-            console.print(f"  {p.events[-1]}" if p.events else "")
-        console.print(f"[bold]{p.study}[/] {p.describe(unit)} · {elapsed} elapsed")
-
-    return show
-
-
 def _run_study(study: Study, args: argparse.Namespace) -> int:
+    from tuner.cli.progress_view import progress_printer
     from tuner.export import export_best
     from tuner.night import write_night
     from tuner.report import write_report
 
     install_signal_handlers()
-    console.print(f"study [bold]{study.record.name}[/] in {study.path}")
+    console.print(f"study [bold]{study.record.name}[/] in {study.path}", soft_wrap=True)
     engine_line = rehearse.describe_engine(study)
     if engine_line:
         console.print(f"[yellow]{engine_line}[/]")
     stalled: SearchStalledError | None = None
     started = time.monotonic()
     try:
-        optuna_study = study.run(on_progress=_progress_printer(time.time(), study.clock))
+        optuna_study = study.run(on_progress=progress_printer(console, time.time(), study.clock))
     except KeyboardInterrupt:
         console.print(f"[yellow]stopped.[/] finished trials are kept; continue with "
                       f"`dsv4-tune resume {study.record.name}`")
@@ -197,10 +176,10 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
         stalled = exc
         optuna_study = study.optuna_study()
     report = write_report(study, optuna_study)
-    console.print(f"report: {report}")
+    console.print(f"report: {report}", soft_wrap=True)
     write_night(study, wall_s=time.monotonic() - started)
     if stalled is not None:
-        err_console.print(f"[red]error:[/] {stalled}", markup=True, highlight=False)
+        err_console.print(f"[red]error:[/] {stalled}", markup=True, highlight=False, soft_wrap=True)
     winner = study.winner(optuna_study)
     if winner is None:
         console.print("[red]no trial passed its gates and met its SLOs[/]; see "
@@ -208,13 +187,13 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
         return 1
     if not winner.exportable_without_consent and not args.accept_unconfirmed:
         err_console.print(f"[red]error:[/] {winner.refusal(study.record.name, study.objective.metric)}",
-                          markup=True, highlight=False)
+                          markup=True, highlight=False, soft_wrap=True)
         return EXIT_UNCONFIRMED
     console.print(f"winner: trial {winner.trial}, {study.objective.metric} = {winner.value:.2f} "
-                  f"({winner.describe(study.objective.metric)})", markup=False)
+                  f"({winner.describe(study.objective.metric)})", markup=False, soft_wrap=True)
     if not args.no_export:
         out = export_best(study, accept_unconfirmed=args.accept_unconfirmed)
-        console.print(f"exported: {out}/profile.yaml and {out}/serve.sh")
+        console.print(f"exported: {out}/profile.yaml and {out}/serve.sh", soft_wrap=True)
     return 1 if stalled is not None else 0
 
 

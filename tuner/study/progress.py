@@ -2,21 +2,43 @@
 
 Screening counts trials (what ``--trials`` counts) apart from their controls, with an ETA from the
 measured launch times; confirmation is its own stage, candidate by candidate, repeat by repeat.
+
+:meth:`Progress.describe` gives the line; with a ``width`` (a terminal's), it fits it: the least important
+parts go first (the elapsed time, then the ETA and the budget, then the best so far), and a line still too
+long is cut with "…". Never wider than the terminal, so a line never wraps into two.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tuner.study.clock import WALL, StudyClock
 from tuner.trial import TrialOutcome
 
-__all__ = ["Progress", "phase_reporter"]
+__all__ = ["Progress", "fit_line", "phase_reporter"]
 
 _REPEAT = re.compile(r"^load (\d+)/(\d+)$")
+SEPARATOR = " · "
+
+
+def fit_line(parts: Sequence[tuple[str, int]], width: int | None = None) -> str:
+    """``parts`` (text, rank) joined by :data:`SEPARATOR` in their order, empty ones left out.
+
+    Within ``width`` characters: the parts of the highest rank go first (the last of them first); rank 0 is
+    never dropped, and a line that is still too long is cut, ending in "…". ``None``: no limit.
+    """
+    kept = [(text, rank) for text, rank in parts if text]
+    line = SEPARATOR.join(text for text, _ in kept)
+    while width is not None and len(line) > width and any(rank > 0 for _, rank in kept):
+        worst = max(rank for _, rank in kept)
+        del kept[max(i for i, (_, rank) in enumerate(kept) if rank == worst)]
+        line = SEPARATOR.join(text for text, _ in kept)
+    if width is not None and len(line) > width:
+        line = line[:max(0, width - 1)] + "…"
+    return line
 
 
 @dataclass
@@ -87,28 +109,26 @@ class Progress:
             text += f" (+{self.controls} control{'s' if self.controls != 1 else ''})"
         return text
 
-    def describe(self, unit: str = "min") -> str:
-        """One line: the stage, what runs, how far along, the best so far, and the time left (``unit``:
-        the study clock's minutes, ``node min`` on the emulated node)."""
+    def describe(self, unit: str = "min", *, width: int | None = None, elapsed: str = "") -> str:
+        """One line: the stage, what runs, how far along, the best so far, the time left (``unit``: the study
+        clock's minutes, ``node min`` on the emulated node) and ``elapsed``; at most ``width`` characters."""
         best = f"best {self.best_value:.1f} (trial {self.best_trial})" if self.best_value is not None else "best -"
         left = self.seconds_left
         budget = f"{left / 60:.0f} {unit} of budget left" if left is not None else ""
+        timing = ""
         if self.stage == "confirmation" and not self.confirm_running:  # nothing launched yet (or no time for it)
-            parts = [f"confirmation: {self.confirm_planned} launch(es) planned", best, budget]
+            head = f"confirmation: {self.confirm_planned} launch(es) planned"
         elif self.stage == "confirmation":
             repeat = f" · repeat {self.repeat[0]}/{self.repeat[1]}" if self.repeat else ""
-            parts = [f"confirmation {self.confirm_running}/{self.confirm_planned}: {self.current}{repeat} · "
-                     f"{self.phase}", best,
-                     budget]
+            head = f"confirmation {self.confirm_running}/{self.confirm_planned}: {self.current}{repeat} · {self.phase}"
         elif self.stage == "done":
-            parts = [f"done: {self.counts()}, {self.confirm_done} confirmation launch(es)", best]
+            head, budget = f"done: {self.counts()}, {self.confirm_done} confirmation launch(es)", ""
         else:
             median, eta = self.median_launch_s, self.eta_s
             timing = (f"ETA {eta / 60:.0f} {unit} ({median / 60:.1f} {unit} per launch, measured)"
                       if eta is not None and median is not None else "")
-            parts = [f"screening: {self.counts()} · {self.current or 'next'} {self.phase}".rstrip(), best,
-                     timing, budget]
-        return " · ".join(p for p in parts if p)
+            head = f"screening: {self.counts()} · {self.current or 'next'} {self.phase}".rstrip()
+        return fit_line([(head, 0), (best, 1), (timing, 3), (budget, 2), (elapsed, 4)], width)
 
 
 def phase_reporter(progress: Progress, on_progress: Callable[[Progress], None],

@@ -89,6 +89,31 @@ def tests(folder: Path) -> str:
     return str(sum(_data(folder)["pytest_counts"].values()))
 
 
+def machine(folder: Path) -> str:
+    """The machine `.ci/run` was measured on."""
+    m = _data(folder)["machine"]
+    return f"{m['cpus']} cores ({m['cpu_model']}), {m['memory_gib']} GiB"
+
+
+def _alone(folder: Path) -> dict[str, Any]:
+    """``servers-alone.json`` (``alone.py``): the real-server lane's tests alone on an idle machine."""
+    return dict(json.loads((folder / "servers-alone.json").read_text(encoding="utf-8")))
+
+
+def servers_alone(folder: Path) -> str:
+    return f"{_alone(folder)['lane_s']:,.0f} s"
+
+
+def _inspection(folder: Path, root: str) -> str:
+    """Seconds from vLLM's "non-default args" line to "Resolved architecture" (its model inspection), by cache root."""
+    d = _alone(folder)["args_to_architecture_s"][root]
+    return f"{d['min']:.0f} s" if d["min"] == d["max"] else f"{d['min']:.0f}–{d['max']:.0f} s"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {"run": run, "steps": steps, "modules": modules, "slowest": slowest,
                                            "ci_total": ci_total, "pytest_total": pytest_total,
-                                           "setup_total": setup_total, "tests": tests}
+                                           "setup_total": setup_total, "tests": tests,
+                                           "servers_alone": servers_alone, "machine": machine,
+                                           "inspection_own_root": lambda f: _inspection(f, "own cache root"),
+                                           "inspection_default_root": lambda f: _inspection(f, "default cache root"),
+                                           }

@@ -166,7 +166,89 @@ def gpu_time(folder: Path) -> str:
     return _table(["call", "what", "command wall", "held so far", "budget left"], rows, "llrrr")
 
 
+# -- single figures in docs/evidence/h200.md's prose -------------------------------------------------------
+def _span(values: list[float], unit: str, fmt: str = ".0f") -> str:
+    low, high = f"{min(values):{fmt}}", f"{max(values):{fmt}}"
+    return f"{low} {unit}" if low == high else f"{low}–{high} {unit}"
+
+
+def _launch(folder: Path, kind: str) -> dict[str, str]:
+    return next(r for r in _rows(folder, "launches.csv") if r["kind"] == kind)
+
+
+def _launch_figure(folder: Path, column: str) -> str:
+    """One start-up phase over every launch that logged it (seconds, from the servers' logs)."""
+    return _span([_num(r[column]) for r in _rows(folder, "launches.csv") if r.get(column)], "s")
+
+
+def device_at_start(folder: Path) -> str:
+    """Device time the session had when the first call began: that call's budget left plus its held time."""
+    first = (_json(folder, "gpu_time.json") or {})["calls"][0]
+    return f"{_num(first['budget_left_s']) + _num(first['held_s']):,.0f} s"
+
+
+def reserved(folder: Path) -> str:
+    v = _json(folder, "verify.json")
+    values = [_f(r["output_throughput"], ",.0f") for r in v["repeats"]]
+    return f"{' and '.join(values)} tok/s, median {_num(v['median']):,.0f}"
+
+
+def reserved_delta(folder: Path) -> str:
+    return _f(100 * _num(_json(folder, "verify.json")["delta_rel"]), "+.1f", " %")
+
+
+def reserved_spread(folder: Path) -> str:
+    """How far apart the re-served windows are, over the lower one."""
+    values = [_num(r["output_throughput"]) for r in _json(folder, "verify.json")["repeats"]]
+    return f"{100 * (max(values) - min(values)) / min(values):.0f} %"
+
+
+def reserved_window(folder: Path) -> str:
+    return _span([_num(r["duration"]) for r in _json(folder, "verify.json")["repeats"]], "s")
+
+
+def kv_peak(folder: Path) -> str:
+    return f"{100 * max(_num(w['kv_usage_max']) for w in _rows(folder, 'ladder.csv') if w['kind'] == 'screen'):.0f} %"
+
+
+def top_ttft(folder: Path) -> str:
+    """p95 TTFT at the screening ladder's top step."""
+    top = max((w for w in _rows(folder, "ladder.csv") if w["kind"] == "screen"), key=lambda w: _num(w["concurrency"]))
+    return f"{_num(top['p95_ttft_ms']) / 1000:.1f} s"
+
+
+def client_cpu_max(folder: Path) -> str:
+    return f"{100 * max(_num(w['client_cpu_share']) for w in _rows(folder, 'ladder.csv')):.0f} %"
+
+
+def ready_screen(folder: Path) -> str:
+    return _f(_launch(folder, "screen")["ready_s"], ".0f", " s")
+
+
+def ready_reserve(folder: Path) -> str:
+    return _f(_launch(folder, "reserve")["ready_s"], ".0f", " s")
+
+
+def prevalidate_probe(folder: Path) -> str:
+    """What the pre-launch check's probe in call 2 took (``prevalidate.txt``: "(25.9 s; ran in the child ...")."""
+    import re
+
+    text = (folder / "prevalidate.txt").read_text(encoding="utf-8")
+    match = re.search(r"\((\d+(?:\.\d+)?) s; ran in the child", text)
+    if match is None:
+        raise ValueError("prevalidate.txt names no check that ran in the child")
+    return f"{float(match.group(1)):.1f} s"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "launches": launches, "knee": knee, "power": power, "verify": verify, "capacity": capacity,
     "gpu_time": gpu_time,
+    "device_at_start": device_at_start, "reserved": reserved, "reserved_delta": reserved_delta,
+    "reserved_spread": reserved_spread, "reserved_window": reserved_window, "kv_peak": kv_peak, "top_ttft": top_ttft,
+    "client_cpu_max": client_cpu_max, "ready_screen": ready_screen, "ready_reserve": ready_reserve,
+    "init_engine": lambda f: _launch_figure(f, "init_engine_s"),
+    "torch_compile": lambda f: _launch_figure(f, "torch_compile_s"),
+    "inductor": lambda f: _launch_figure(f, "inductor_compile_s"),
+    "capture": lambda f: _launch_figure(f, "graph_capture_s"),
+    "prevalidate_probe": prevalidate_probe,
 }

