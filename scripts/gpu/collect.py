@@ -185,11 +185,12 @@ def main() -> int:
     parser.add_argument("--prepare", type=Path)
     parser.add_argument("--start", type=Path)
     parser.add_argument("--finish", type=Path)
+    parser.add_argument("--capacity", type=Path, help="call 5: MODELS=0 prepare.sh, once FlashAttention is staged")
     parser.add_argument("--calls", type=Path, help="the device calls: wall_s, held_s, budget_left_s (JSON list)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     out: Path = args.out
-    folders = [f for f in (args.prepare, args.start, args.finish) if f is not None and f.is_dir()]
+    folders = [f for f in (args.prepare, args.start, args.finish, args.capacity) if f is not None and f.is_dir()]
     pack = next((f / "study.tar.gz" for f in (args.finish, args.start) if f and (f / "study.tar.gz").is_file()), None)
     if pack is None:
         print("no study.tar.gz in --finish or --start", file=sys.stderr)

@@ -6,11 +6,15 @@
 # is, so the client is the limit. It measures one load-generator process and the pool of 4 that the
 # study uses (scripts/gpu/throughput-h200x1.yaml: client_processes 4).
 #   bash scripts/gpu/prepare.sh            (≈ 3 min; writes at most 8 files to $OUT)
+# vLLM's model inspection imports vllm.vllm_flash_attn, which comes with call 3 (the uploads are full):
+# before it is staged, the probe and the capacity server are skipped, and say so. After call 4, with
+# everything staged, `MODELS=0 bash scripts/gpu/prepare.sh` runs only the probe and the capacity run.
 set -uo pipefail
 source scripts/gpu/env.sh
 exec > >(tee -a "$OUT/prepare.log") 2>&1
 mark "prepare start"
 t0=$(date +%s)
+if [ "${MODELS:-1}" = 1 ]; then
 { date -u; echo "cores: $(nproc)"; free -g | head -2
   nvidia-smi --query-gpu=index,name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
   nvidia-smi topo -m
@@ -26,13 +30,21 @@ cat "$OUT/machine.txt"
   > "$OUT/model.json" 2> "$STAGE/model.err" || { tail -20 "$STAGE/model.err"; exit 4; }
 mark "models built"
 echo "models built in $(( $(date +%s) - t0 )) s: $(cat "$OUT/model.json")"
+fi
+probe=; apis="4 1"
+if [ ! -d "$STAGE/site/vllm/vllm_flash_attn" ]; then   # vLLM's model inspection imports it
+  echo "probe and capacity: skipped (vllm.vllm_flash_attn is staged in call 3; run MODELS=0 prepare.sh after it)"
+  PROBE_S=0; apis=
+fi
 # the tool's validator against this vLLM (CPU work in this process; vLLM's config step in a child)
-timeout "${PROBE_S:-150}" "$PY" scripts/gpu/probe_prevalidate.py "$STAGE/tiny-moe" > "$OUT/prevalidate.txt" 2>&1 &
-probe=$!
+if [ "${PROBE_S:-150}" != 0 ]; then
+  timeout "${PROBE_S:-150}" "$PY" scripts/gpu/probe_prevalidate.py "$STAGE/tiny-moe" > "$OUT/prevalidate.txt" 2>&1 &
+  probe=$!
+fi
 port=8123; ok=0; srv=
 # CAPACITY=0 skips the capacity server (a short device budget: the study's own windows still record the
 # client's CPU and loop lag, and flag a saturated client)
-apis="4 1"; [ "${CAPACITY:-1}" = 0 ] && apis= && echo "capacity: skipped (CAPACITY=0)"
+[ "${CAPACITY:-1}" = 0 ] && apis= && echo "capacity: skipped (CAPACITY=0)"
 for api in $apis; do
   CUDA_VISIBLE_DEVICES=0 setsid $VLLM_CMD serve "$STAGE/demo" --served-model-name demo --port $port \
     --host 127.0.0.1 --enforce-eager --attention-backend TRITON_ATTN --max-num-seqs 2048 \
@@ -60,8 +72,8 @@ if [ -n "$srv" ]; then   # SIGINT, then SIGKILL once it has had 15 s to go
   for _ in $(seq 1 30); do kill -0 -- -$srv 2>/dev/null || break; sleep 0.5; done
   kill -KILL -- -$srv 2>/dev/null
 fi
-tail -120 "$STAGE/capacity-server.log" > "$OUT/capacity-server.log"
-wait $probe; cat "$OUT/prevalidate.txt" | grep -v "^INFO\|^(\|^WARNING"
+[ -f "$STAGE/capacity-server.log" ] && tail -120 "$STAGE/capacity-server.log" > "$OUT/capacity-server.log"
+if [ -n "$probe" ]; then wait $probe; grep -v "^INFO\|^(\|^WARNING" "$OUT/prevalidate.txt"; fi
 mark "prepare end"
 cp "$STAGE/timeline.txt" "$OUT/timeline-prepare.txt"
 echo "prepare done in $(( $(date +%s) - t0 )) s"
