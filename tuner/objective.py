@@ -151,6 +151,11 @@ class LadderSpec(BaseModel, extra="forbid", frozen=True):
     prompts_per_concurrency: float = Field(
         default=4.0, gt=0.0, description="each step sends at least concurrency × this requests (and num_prompts)")
     min_gain: float = Field(default=0.05, ge=0.0, description="a step must beat the best by this fraction")
+    min_requests: int = Field(
+        default=0, ge=0, description="each step sends at least this many requests: a window long enough to rank on")
+    min_window_s: float = Field(
+        default=0.0, ge=0.0, description="a step whose measured window is shorter is not ranked while a "
+        "longer one is (issue 31: a 0.64 s window of 64 requests won a study)")
     patience: int = Field(default=1, gt=0, description="steps without gain before the ladder stops")
     early_stop: bool = Field(default=True, description="cut a step once its SLO is clearly lost")
     stop_on_client_saturation: bool = True

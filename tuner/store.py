@@ -111,6 +111,8 @@ def safe_env(env: dict[str, str]) -> dict[str, str]:
 
 
 _API_KEYS: dict[str, str] = {}
+API_KEY_ENV = "DSV4_TUNE_API_KEY"
+"""An operator's API key for every launch (never written down); unset: one random key per study and process."""
 
 
 def study_api_key(study_path: Path) -> str:
@@ -120,8 +122,15 @@ def study_api_key(study_path: Path) -> str:
     ignored into its torch.compile cache key, ``VLLM_API_KEY`` included, so a fresh key per launch made
     every launch on the H200 compile again (four launches, four cache folders: docs/evidence/h200.md).
     It is never written down (command files mask it, the export leaves it out), so a resumed study, a new
-    process, makes a new one: one compile more, and no secret on disk.
+    process, makes a new one: one compile more, and no secret on disk. The H200 run of issue 31 was
+    such a night: screening, confirmation and verify ran as separate calls, six compiled launches whose
+    argv differed only in ``--port`` each got a new compile key, because each process drew a new key.
+    ``DSV4_TUNE_API_KEY`` in the tuner's environment, where set, is the key of every launch of every
+    process instead: nothing is written down and every relaunch with the same flags hashes the same.
     """
+    given = os.environ.get(API_KEY_ENV, "").strip()
+    if given:  # the operator's key: the same in every process, so a resumed study hits the compile cache
+        return given
     return _API_KEYS.setdefault(str(study_path.resolve()), secrets.token_urlsafe(24))
 
 

@@ -10,7 +10,8 @@ workload with ``workload_scale`` × the prompts, at the concurrency the winner's
 Both numbers are recorded in ``runs/NAME/verify/verify.json`` (and ``best/verify.json``): the figure the
 study reported (the confirmed median, or the screening value of an unconfirmed winner), the
 confirmation's repeats, and the re-served repeats with their median. The re-served median must come
-within the confirmation's spread (max − min of its repeats) of the reported figure; an unconfirmed
+within the confirmation's spread (max − min of its repeats) of the reported figure, and only an
+accepted confirmation lends its spread: a rejected one fails verify outright; an unconfirmed
 winner has no spread, and is held to the confirmation's ``max_spread`` share of its value instead.
 """
 
@@ -113,6 +114,7 @@ def verify_export(study: Study, *, repeats: int | None = None,
         "concurrency": chosen_c, "repeats_asked": repeats,
         "reported": {"value": winner.value, "confirmed": winner.confirmed,
                      "confirmation_values": list(winner.confirmation.values) if winner.confirmation else [],
+                     "confirmation_accepted": winner.confirmation.accepted if winner.confirmation else None,
                      "screening_value": screened.value},
         "power": power.name if power is not None else None,
     }
@@ -157,6 +159,11 @@ def judge_reserve(values: list[float], reported: dict[str, Any], max_spread: flo
     median = statistics.median(values)
     reported_value = float(reported["value"])
     conf = [float(v) for v in reported.get("confirmation_values") or []]
+    if reported.get("confirmation_accepted") is False:  # its spread is why it was rejected: no tolerance to lend
+        return {"values": values, "median": median, "within": False, "allowed": None,
+                "delta": median - reported_value, "allowed_basis": "none (the confirmation was rejected)",
+                "verdict": f"re-served median {median:.2f} vs reported {reported_value:.2f}: the confirmation "
+                           f"was rejected (repeats {conf}), so the reported figure cannot be verified: FAILED"}
     if len(conf) >= 2:
         allowed, basis = max(conf) - min(conf), "the confirmation's spread (max - min of its repeats)"
     else:

@@ -341,12 +341,26 @@ def _warmup(runner: _Runner, concurrency: int, should_stop: Callable[[], bool]) 
     return not warm.stopped
 
 
+def window_long_enough(spec: LadderSpec | None, summary: Mapping[str, Any]) -> bool:
+    """The step's window lasted ``min_window_s`` (a window too short to rank on measures its edges)."""
+    if spec is None or spec.min_window_s <= 0:
+        return True
+    duration = summary.get("duration")
+    return isinstance(duration, (int, float)) and duration >= spec.min_window_s
+
+
 def _choose(objective: Objective, steps: list[Step]) -> int | None:
     if not steps:
         return None
     feasible = [i for i, s in enumerate(steps) if s.feasible and not s.result.stopped]
     if not feasible:
         return 0
+    long_enough = [i for i in feasible if window_long_enough(objective.ladder, steps[i].summary)]
+    if long_enough:
+        feasible = long_enough
+    else:
+        logger.warning("ladder: no feasible step's window lasted %.0f s; ranking on the short ones",
+                       objective.ladder.min_window_s if objective.ladder else 0.0)
     sign = 1.0 if objective.direction == "maximize" else -1.0
 
     def key(i: int) -> float:
@@ -402,7 +416,7 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
         stale = 0
         for planned in concurrencies:
             requests = units.client_requests(workload.num_prompts if spec is None else max(
-                workload.num_prompts, math.ceil(planned * spec.prompts_per_concurrency)))
+                workload.num_prompts, math.ceil(planned * spec.prompts_per_concurrency), spec.min_requests))
             step = _run_step(runner, spec, planned, first_job, requests, should_stop, scrape, server_metrics)
             first_job += jobs_for(workload, requests)
             steps.append(step)

@@ -35,8 +35,8 @@ from tuner.study.progress import Progress, phase_reporter
 from tuner.study.ranking import best_feasible_trial, feasible_trials
 from tuner.trial import TrialContext, TrialOutcome
 
-__all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winner", "judge", "mad", "pick_winner",
-           "robust_score"]
+__all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winner", "judge", "mad",
+           "measured_noise", "pick_winner", "robust_score", "within_noise"]
 
 MAX_REPEATS_WHEN_DONE = 10
 """Repeats per candidate when screening ends early and the rest of the budget goes to confirmation."""
@@ -52,6 +52,9 @@ class ConfirmSpec(BaseModel):
     mad_k: float = Field(default=1.0, ge=0)
     max_spread: float = Field(default=0.25, gt=0)
     """Reject when (max − min) / median of the repeats exceeds this."""
+    noise: float = Field(default=0.05, ge=0)
+    """The relative noise of one screening value while no confirmation has measured it: a trial within
+    this much of the last candidate is confirmed too (the winner must beat it by more than the noise)."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,30 @@ def _repeats(c: Confirmation) -> str:
     return " / ".join(f"{v:.1f}" for v in c.values) if c.values else "none measured"
 
 
+def measured_noise(confirmations: Sequence[Confirmation], *, default: float) -> float:
+    """The largest relative spread ((max − min) / median) an accepted confirmation measured on this node,
+    or ``default`` while none has: how far apart two screening values of one configuration can be."""
+    spreads = [(max(c.values) - min(c.values)) / abs(c.median) for c in confirmations
+               if c.accepted and len(c.values) > 1 and c.median]
+    return max(spreads) if spreads else default
+
+
+def within_noise(ranked_values: Sequence[float], top_k: int, noise: float) -> int:
+    """How many of the ranked screening values go to confirmation: the ``top_k`` best, and every next one
+    the last of them does not beat by more than ``noise`` (relative), one more at most (the reserve for
+    confirmation is sized on ``top_k``). A winner chosen by less than the noise is no winner: with
+    ``top_k`` 1 it and its runner-up are both confirmed. ``top_k`` 0 stays 0 (no confirmation)."""
+    if top_k <= 0:
+        return 0
+    count = min(top_k, len(ranked_values))
+    while count < min(top_k + 1, len(ranked_values)):
+        last, following = ranked_values[count - 1], ranked_values[count]
+        if abs(last - following) > noise * abs(last):
+            break
+        count += 1
+    return count
+
+
 @dataclass
 class ConfirmationPhase:
     """Confirms one study's top-k screening trials; ``path`` is the study folder."""
@@ -216,8 +243,9 @@ class ConfirmationPhase:
 
     def candidates(self, study: optuna.Study) -> list[tuple[int, ServeConfig, int | None]]:
         """Top-k distinct feasible screening trials, each speculative one followed by its control."""
-        top = sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0),
-                     reverse=self.maximize)[: self.spec.top_k]
+        ranked = sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0), reverse=self.maximize)
+        noise = measured_noise(self.confirmations(study), default=self.spec.noise)
+        top = ranked[: within_noise([float(t.value or 0.0) for t in ranked], self.spec.top_k, noise)]
         out: list[tuple[int, ServeConfig, int | None]] = []
         seen: set[str] = set()
         for t in top:
