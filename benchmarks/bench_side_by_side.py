@@ -163,8 +163,8 @@ def run_study_method(method: str, args: argparse.Namespace, model: Path) -> dict
             "run", "--hw", str(args.profile), "--objective", str(args.objective), "--budget", f"{args.budget_s:.0f}s",
             "--study", method, "--runs-dir", str(runs_dir), "--model", str(model), "--seed", str(args.seed),
             "--no-export", "--guards", "none", "--confirm-top-k", str(args.tuner_confirm_top_k)]
-    if args.vllm_cmd:
-        argv += ["--vllm-cmd", args.vllm_cmd]
+    if args.server_cmd:
+        argv += ["--engine-cmd", args.server_cmd]
     code, wall = _run_locked(argv, log_path=args.out / f"{method}.log", budget_s=args.budget_s)
     result = _study_result(runs_dir, method)
     result.update({"method": method, "exit_code": code, "wall_s": round(wall, 1)})
@@ -292,8 +292,8 @@ def confirm(results: dict[str, dict[str, Any]], args: argparse.Namespace, model:
             "run", "--hw", str(path), "--objective", str(args.objective), "--trials", str(len(baselines)),
             "--study", "confirm", "--runs-dir", str(runs_dir), "--model", str(model), "--no-export",
             "--guards", "none", "--confirm-top-k", "0"]
-    if args.vllm_cmd:
-        argv += ["--vllm-cmd", args.vllm_cmd]
+    if args.server_cmd:
+        argv += ["--engine-cmd", args.server_cmd]
     _run_locked(argv, log_path=args.out / "confirm.log", budget_s=None)
     import optuna
 
@@ -339,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="tpe,sweep,random", help="comma-separated subset of tpe,sweep,random")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm", default=str(ROOT / ".venv" / "bin" / "vllm"), help="the vllm executable")
-    parser.add_argument("--vllm-cmd", default=None, help="passed to the tuner's --vllm-cmd (default: its own)")
+    parser.add_argument("--engine-cmd", "--vllm-cmd", dest="server_cmd", default=None,
+                         help="passed to the tuner's --vllm-cmd (default: its own)")
     parser.add_argument("--sweep-max-combos", type=int, default=15, help="cut the sweep grid to this many combos")
     parser.add_argument("--confirm", action="store_true", help="re-launch each winner once through the tuner")
     parser.add_argument("--tuner-confirm-top-k", type=int, default=0,

@@ -78,7 +78,7 @@ def never_ready(workdir: Path) -> float:
 
 
 def _ctx(program: list[str], objective: Objective | None = None, **kw: Any) -> TrialContext:
-    return TrialContext(vllm_cmd=program, model="standin-model", objective=objective or Objective(name="t"), **kw)
+    return TrialContext(server_cmd=program, model="standin-model", objective=objective or Objective(name="t"), **kw)
 
 
 def hang_before_ready(workdir: Path) -> float:

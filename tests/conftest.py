@@ -47,7 +47,7 @@ def synthetic_record(tmp_path: Path, *, name: str, trials: int | None, hw: str =
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
-    return new_record(name=name, hw=hw, objective="throughput", model=str(model), vllm_cmd=sys.executable,
+    return new_record(name=name, hw=hw, objective="throughput", model=str(model), server_cmd=sys.executable,
                       port=None, trials=trials, budget_s=budget_s, seed=seed, slo_overrides={},
                       ready_timeout_s=None, prevalidate="off", confirm=ConfirmSpec(top_k=top_k, repeats=2))
 

@@ -63,7 +63,7 @@ def _failure_counts(study: optuna.Study) -> dict[str, int]:
     return dict(counts)
 
 
-def serve_script(study_name: str, trial_number: int, headline: str, env: dict[str, str], vllm_cmd: str) -> str:
+def serve_script(study_name: str, trial_number: int, headline: str, env: dict[str, str], server_cmd: str) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# dsv4-tune export: study {study_name}, trial {trial_number}",
@@ -77,7 +77,7 @@ def serve_script(study_name: str, trial_number: int, headline: str, env: dict[st
         if store.SECRET_NAME.search(key):
             continue
         lines.append(f"export {key}={shlex.quote(value)}")
-    lines.append(f"VLLM_CMD=${{VLLM_CMD:-{shlex.quote(vllm_cmd)}}}")
+    lines.append(f"VLLM_CMD=${{VLLM_CMD:-{shlex.quote(server_cmd)}}}")
     lines.append('read -r -a vllm_argv <<< "$VLLM_CMD"')
     lines.append('exec "${vllm_argv[@]}" serve --config "$here/profile.yaml" "$@"')
     return "\n".join(lines) + "\n"
@@ -149,7 +149,7 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfi
         store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
         env = {k: v for k, v in command.get("env", {}).items() if k != study_obj.engine.api_key_env}
         store.write_text(best_dir / "serve.sh",
-                         serve_script(study_obj.record.name, winner.trial, head, env, study_obj.record.vllm_cmd),
+                         serve_script(study_obj.record.name, winner.trial, head, env, study_obj.record.server_cmd),
                          mode=0o755)
         identity = _identity(study_obj, study, winner.trial, winner.value, options, outcome, ctx_model)
         identity["confirmed"] = winner.confirmed

@@ -54,7 +54,7 @@ LOG_TAIL_CHARS = 4000
 class TrialContext:
     """What every trial of a study shares."""
 
-    vllm_cmd: list[str]
+    server_cmd: list[str]
     model: str
     objective: Objective
     host: str = "127.0.0.1"
@@ -239,7 +239,7 @@ def launch_argv(ctx: TrialContext, config: ServeConfig, *, port: int) -> list[st
     """The argv one launch of ``config`` runs, as the context's engine spells it (the API key is not in it)."""
     options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=port,
                                        served_model_name=ctx.served_model_name)
-    return ctx.engine.build_argv(ctx.vllm_cmd, options, api_key=None)
+    return ctx.engine.build_argv(ctx.server_cmd, options, api_key=None)
 
 
 def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,

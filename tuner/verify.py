@@ -99,9 +99,9 @@ def verify_export(study: Study, *, repeats: int | None = None,
     port = choose_port(ctx.host, study.record.port)
     api_key = ctx.api_key or secrets.token_urlsafe(24)
     served = _served_name(best) or ctx.served_model_name
-    vllm_cmd = " ".join(ctx.vllm_cmd)  # serve.sh splits VLLM_CMD on blanks (read -a), as export writes it
+    server_cmd = " ".join(ctx.server_cmd)  # serve.sh splits VLLM_CMD on blanks (read -a), as export writes it
     argv = [str(serve_sh), "--port", str(port)]
-    env = {study.engine.api_key_env: api_key, "VLLM_CMD": vllm_cmd}
+    env = {study.engine.api_key_env: api_key, "VLLM_CMD": server_cmd}
     split = ctx.cpu_split
     spec = LaunchSpec(argv=argv, env=env, host=ctx.host, port=port, workdir=out_dir,
                       ready_timeout_s=ctx.ready_timeout_s, api_key=api_key, model_name=served,
@@ -109,7 +109,7 @@ def verify_export(study: Study, *, repeats: int | None = None,
     power = detect_power_reader()
     record: dict[str, Any] = {
         "study": study.record.name, "trial": winner.trial, "serve_sh": str(serve_sh.relative_to(study.path)),
-        "argv": [str(Path(argv[0]).relative_to(study.path)), *argv[1:]], "vllm_cmd": vllm_cmd,
+        "argv": [str(Path(argv[0]).relative_to(study.path)), *argv[1:]], "server_cmd": server_cmd,
         "metric": study.objective.metric, "direction": study.objective.direction,
         "concurrency": chosen_c, "repeats_asked": repeats,
         "reported": {"value": winner.value, "confirmed": winner.confirmed,

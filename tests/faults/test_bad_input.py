@@ -105,7 +105,7 @@ CASES = [
     Case("SLO without a unit (--slo)", lambda t: _run_args(t, "--slo", "ttft=2000"),
          ["--slo", "'ttft'", "p95_ttft_ms"]),
     Case("--vllm-cmd that does not exist", lambda t: _run_args(t, "--vllm-cmd", "/opt/nowhere/vllm"),
-         ["--vllm-cmd", "/opt/nowhere/vllm", "not found", "Fix:"]),
+         ["--engine-cmd", "/opt/nowhere/vllm", "not found", "Fix:"]),
     Case("model path that does not exist", lambda t: [*_run_args(t)[:4], "/data/no/such/model", "--trials", "1",
                                                       "--runs-dir", str(t / "runs")],
          ["--model", "/data/no/such/model", "no such file or directory", "Fix:"]),

@@ -65,7 +65,7 @@ def _gh200(**changes: Any) -> ServeConfig:
 def _ctx(**kw: Any) -> TrialContext:
     profile = load_profile("gh200x4")
     engine = EmulatedEngine(units=UNITS, hardware="gh200x4")
-    return TrialContext(vllm_cmd=engine.resolve_command(DEFAULT_COMMAND), model=MODEL, engine=engine,
+    return TrialContext(server_cmd=engine.resolve_command(DEFAULT_COMMAND), model=MODEL, engine=engine,
                         objective=Objective.model_validate(OBJECTIVE), vocab_size=129280, served_model_name="dsv4",
                         ready_timeout_s=UNITS.client_startup_seconds(profile.server.ready_timeout_s),
                         startup_stall_s=UNITS.client_stall_seconds(profile.server.startup_stall_s or 0), **kw)
@@ -115,7 +115,7 @@ def test_the_twin_of_a_control_that_hung_is_not_launched(tmp_path: Path) -> None
     objective = tmp_path / "objective.yaml"
     objective.write_text(yaml.safe_dump(OBJECTIVE), encoding="utf-8")
     record = new_record(name="hang", hw=str(_widened_profile(tmp_path)), objective=str(objective), model=MODEL,
-                        vllm_cmd=DEFAULT_COMMAND, port=None, trials=None, budget_s=None, seed=0,
+                        server_cmd=DEFAULT_COMMAND, port=None, trials=None, budget_s=None, seed=0,
                         slo_overrides={}, ready_timeout_s=None, guards=[], prevalidate="off",
                         confirm=ConfirmSpec(top_k=0, repeats=2), engine="emulated", engine_options=NODE)
     study = Study.create(record, tmp_path / "runs")

@@ -55,7 +55,7 @@ def _dead(pid: int) -> bool:
 
 
 def _ctx(program: Sequence[str], objective: Objective | None = None, **kw: object) -> TrialContext:
-    return TrialContext(vllm_cmd=list(program), model="standin-model", objective=objective or Objective(name="t"),
+    return TrialContext(server_cmd=list(program), model="standin-model", objective=objective or Objective(name="t"),
                         **kw)  # type: ignore[arg-type]
 
 

@@ -58,7 +58,7 @@ def test_sigint_during_gates_stops_the_server(tmp_path: Path, demo_model: Path, 
     cli = vllm_cli()
     assert cli is not None
     gate = SignalDuringGates()
-    ctx = TrialContext(vllm_cmd=[cli], model=str(demo_model), objective=Objective(name="t"), ready_timeout_s=240,
+    ctx = TrialContext(server_cmd=[cli], model=str(demo_model), objective=Objective(name="t"), ready_timeout_s=240,
                        served_model_name="demo", guards=gate)
     config = ServeConfig(args={"max-model-len": 1024, "enforce-eager": True, "dtype": "bfloat16"},
                          env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}, params={})

@@ -61,7 +61,7 @@ def _alive(pid: int) -> bool:
 def test_an_engine_that_stops_during_start_up_is_a_hang(tmp_path: Path, demo_model: Path) -> None:
     cli = vllm_cli()
     assert cli is not None
-    ctx = TrialContext(vllm_cmd=[cli], model=str(demo_model), objective=Objective(name="t"),
+    ctx = TrialContext(server_cmd=[cli], model=str(demo_model), objective=Objective(name="t"),
                        ready_timeout_s=READY_TIMEOUT_S, startup_stall_s=STALL_S, served_model_name="demo")
     config = ServeConfig(args={"max-model-len": 1024, "enforce-eager": True, "dtype": "bfloat16"},
                          env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}, params={})

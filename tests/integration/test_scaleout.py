@@ -106,7 +106,7 @@ def _record(catalog: dict[str, Path], model: str, trials: int) -> object:
     from tuner.study import new_record
 
     return new_record(name="x", hw=str(catalog["profile"]), objective=str(catalog["objective"]), model=model,
-                      vllm_cmd="vllm", port=None, trials=trials, budget_s=None, seed=0, slo_overrides={},
+                      server_cmd="vllm", port=None, trials=trials, budget_s=None, seed=0, slo_overrides={},
                       ready_timeout_s=None, guards=[])
 
 

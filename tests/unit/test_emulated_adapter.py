@@ -96,7 +96,7 @@ def test_a_night_is_sized_from_its_envelope() -> None:
 
 
 def test_a_study_on_the_emulated_node_runs_node_time(tmp_path: Path) -> None:
-    record = new_record(name="r", hw="gh200x4", objective="throughput", model=None, vllm_cmd="x", port=None,
+    record = new_record(name="r", hw="gh200x4", objective="throughput", model=None, server_cmd="x", port=None,
                         trials=1, budget_s=8 * 3600.0, seed=0, slo_overrides={}, ready_timeout_s=None,
                         engine="emulated", engine_options={"time_scale": 25.0, "multiplicity": 128},
                         rehearsal=True)

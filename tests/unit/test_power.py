@@ -146,7 +146,7 @@ def test_an_energy_objective_is_refused_where_no_gpu_can_be_read(no_reader_cache
 
     objective = tmp_path / "joules.yaml"
     objective.write_text("name: joules\nmetric: tokens_per_joule\n")
-    common: dict[str, Any] = {"name": "x", "hw": "cpu", "model": "demo", "vllm_cmd": "vllm", "port": None,
+    common: dict[str, Any] = {"name": "x", "hw": "cpu", "model": "demo", "server_cmd": "vllm", "port": None,
                               "trials": 1, "budget_s": None, "seed": 0, "slo_overrides": {},
                               "ready_timeout_s": None}
     with pytest.raises(UsageError, match="no GPU to read"):

@@ -16,7 +16,7 @@ from tuner.trial import TrialContext
 
 
 def _ctx(model: str) -> TrialContext:
-    return TrialContext(vllm_cmd=["vllm"], model=model, objective=load_objective("throughput"))
+    return TrialContext(server_cmd=["vllm"], model=model, objective=load_objective("throughput"))
 
 
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not importable here")

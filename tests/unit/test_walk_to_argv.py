@@ -17,7 +17,7 @@ def test_hw_and_max_num_seqs_walk_down_to_the_vllm_argv() -> None:
     profile = load_profile(args.hw)
     config = suggest(profile, FixedParams({"max-num-seqs": 16, "speculative.draft_tokens": 0}))
     engine = default_engine()
-    ctx = TrialContext(vllm_cmd=[args.vllm_cmd], model="/models/tiny", objective=load_objective(args.objective),
+    ctx = TrialContext(server_cmd=[args.server_cmd], model="/models/tiny", objective=load_objective(args.objective),
                        engine=engine, served_model_name="tiny")
 
     argv = launch_argv(ctx, config, port=8123)

@@ -89,7 +89,7 @@ def test_plan_run_and_report_show_one_workload(tmp_path: Path) -> None:
     blog_dp4 = next(r for r in plan.ladder if r.name == "baseline blog-dp4-ep")
     assert blog_dp4.knee == 2740 and blog_dp4.steps == (1370, 2740, 4110)
 
-    record = new_record(name="s", hw="gh200x4", objective="throughput", model=None, vllm_cmd="vllm", port=None,
+    record = new_record(name="s", hw="gh200x4", objective="throughput", model=None, server_cmd="vllm", port=None,
                         trials=1, budget_s=None, seed=0, slo_overrides={}, ready_timeout_s=None)
     assert record.model == "deepseek-ai/DeepSeek-V4-Flash-0731"  # the profile checkpoint's repository
     study = Study.create(record, tmp_path)

@@ -146,7 +146,7 @@ def ray_trial(config: Mapping[str, Any], job: TrialJob) -> dict[str, Any]:
     Study.materialize(runs_dir, record, job.profile_yaml, job.objective_yaml)
     study = Study(record, runs_dir)
     ctx = study.context()
-    identity = node_identity(ctx.vllm_cmd, study.engine)
+    identity = node_identity(ctx.server_cmd, study.engine)
     context = ray.get_runtime_context()
     # JSON strings, not nested dicts: Tune flattens nested results before the searcher sees them
     base: dict[str, Any] = {"node": json.dumps(identity.to_json()),

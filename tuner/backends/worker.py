@@ -157,7 +157,7 @@ class Worker:
 
     def identity(self) -> NodeIdentity:
         if self._identity is None:
-            self._identity = node_identity(self.study.context().vllm_cmd, self.study.engine)
+            self._identity = node_identity(self.study.context().server_cmd, self.study.engine)
         return self._identity
 
     def admit(self) -> SharedStudy:

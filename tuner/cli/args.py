@@ -100,9 +100,10 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
     budget_s = parse_duration(args.budget) if args.budget else None
     engine = getattr(args, "engine", None) or DEFAULT_ENGINE
     # --vllm-cmd's default is vLLM's; another engine runs its own program unless one is given.
-    vllm_cmd = engine_class(engine).default_command if args.vllm_cmd in (None, DEFAULT_VLLM_CMD) else args.vllm_cmd
+    default_cmd = engine_class(engine).default_command
+    server_cmd = default_cmd if args.server_cmd in (None, DEFAULT_VLLM_CMD) else args.server_cmd
     record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
-                        vllm_cmd=vllm_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
+                        server_cmd=server_cmd, port=args.port, trials=args.trials, budget_s=budget_s,
                         seed=args.seed, slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
                         guards=parse_guards(args.guards), checkpoint=args.checkpoint,
                         prevalidate=args.prevalidate,
@@ -111,7 +112,7 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
                         prior=getattr(args, "prior", None), stop_when_done=getattr(args, "stop_when_done", False))
     if engine != DEFAULT_ENGINE:
         record = with_engine(record, engine, args)
-    engine_class(engine)().resolve_command(record.vllm_cmd)
+    engine_class(engine)().resolve_command(record.server_cmd)
     resolve_model(record.model, args.runs_dir)
     if record.trials is None and record.budget_s is None:
         raise UsageError("give --trials N or --budget DURATION (or both), so the study knows when to stop")

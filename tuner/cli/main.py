@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--study", help="study name (default: <hw>-<objective>-<timestamp>)")
     run.add_argument("--model", help="model path or hub id (default: the hardware profile's; 'demo' = the shipped "
                      "tiny DSV4-token model)")
-    run.add_argument("--vllm-cmd", default=default_engine().default_command,
-                     help="how to start vLLM: a path, 'python3 -m vllm.entrypoints.cli.main', or a prefix")
+    run.add_argument("--engine-cmd", "--vllm-cmd", dest="server_cmd", default=default_engine().default_command,
+                     help="how to start the engine's server (--vllm-cmd is an alias): a path, "
+                     "'python3 -m vllm.entrypoints.cli.main', or a prefix")
     run.add_argument("--port", type=int, help="server port (default: a free one)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--sampler", choices=["tpe", "gp", "random"], default="tpe",

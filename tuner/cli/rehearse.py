@@ -100,7 +100,7 @@ def _record(args: argparse.Namespace) -> argparse.Namespace:
     name = args.study or f"rehearsal-{Path(args.hw).stem}-{Path(args.objective).stem}-{stamp}"
     budget = args.budget or (None if args.trials else DEFAULT_BUDGET)
     return argparse.Namespace(**{**vars(args), "study": name, "budget": budget, "engine": "emulated",
-                                 "vllm_cmd": None, "port": None, "ready_timeout": None, "accept_unconfirmed": False,
+                                 "server_cmd": None, "port": None, "ready_timeout": None, "accept_unconfirmed": False,
                                  "gpu_hour_usd": None})
 
 

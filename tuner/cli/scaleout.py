@@ -60,7 +60,7 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Command]:  # type
     new.add_argument("--model")
     new.add_argument("--trials", type=positive_int, help="launches for the whole study (all workers together)")
     new.add_argument("--seed", type=int, default=0)
-    new.add_argument("--vllm-cmd", default="vllm")
+    new.add_argument("--engine-cmd", "--vllm-cmd", dest="server_cmd", default="vllm")
     new.add_argument("--port", type=int)
     new.add_argument("--slo", action="append", default=[], metavar="KEY=MS")
     new.add_argument("--ready-timeout", type=float)
@@ -93,7 +93,7 @@ def _creation_record(args: argparse.Namespace) -> StudyRecord | None:
     from tuner.study import new_record
 
     return new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
-                      vllm_cmd=args.vllm_cmd, port=args.port, trials=args.trials, budget_s=None, seed=args.seed,
+                      server_cmd=args.server_cmd, port=args.port, trials=args.trials, budget_s=None, seed=args.seed,
                       slo_overrides=parse_slos(args.slo), ready_timeout_s=args.ready_timeout,
                       guards=parse_guards(args.guards))
 

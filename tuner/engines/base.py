@@ -51,7 +51,7 @@ class Engine(Protocol):
 
     @property
     def default_command(self) -> str:
-        """The program when none is given (``--vllm-cmd``'s default)."""
+        """The program when none is given (``--engine-cmd``'s default)."""
 
     @property
     def health_path(self) -> str:

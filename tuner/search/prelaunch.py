@@ -7,7 +7,7 @@
    with no more room than one that did is refused (:class:`~tuner.search.feasibility.MemoryLesson`).
 3. The engine's own argument checks (``Engine.validate``; vLLM's parser and engine-args checks),
    where the engine can run them in this environment (``prevalidate``: ``auto`` = when it can,
-   ``on`` = required, ``off`` = never; turn it off when ``--vllm-cmd`` runs another vLLM version,
+   ``on`` = required, ``off`` = never; turn it off when ``--engine-cmd`` runs another vLLM version,
    e.g. in a container).
 
 A refused configuration is recorded as a trial that violated its constraints, with the reason and
@@ -60,7 +60,7 @@ class LaunchTarget(Protocol):
     def engine(self) -> Engine: ...
 
     @property
-    def vllm_cmd(self) -> Sequence[str]: ...
+    def server_cmd(self) -> Sequence[str]: ...
 
     @property
     def model(self) -> str: ...

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import catalog
 from tuner.demo_model import write_demo_model
@@ -43,7 +43,8 @@ class StudyRecord(BaseModel):
     """The hardware profile: a catalog name (``search_spaces/<hw>.yaml``) or a YAML path."""
     objective: str
     model: str
-    vllm_cmd: str = "vllm"
+    server_cmd: str = Field("vllm", validation_alias=AliasChoices("server_cmd", "vllm_cmd"))
+    """The engine's program (``--engine-cmd``); a study.json written before the rename names it ``vllm_cmd``."""
     port: int | None = None
     trials: int | None = None
     budget_s: float | None = None
@@ -134,7 +135,7 @@ def vocab_size_of(model: str, default: int = 32000) -> int:
         return default
 
 
-def new_record(*, name: str | None, hw: str, objective: str, model: str | None, vllm_cmd: str,
+def new_record(*, name: str | None, hw: str, objective: str, model: str | None, server_cmd: str,
                port: int | None, trials: int | None, budget_s: float | None, seed: int,
                slo_overrides: dict[str, float], ready_timeout_s: float | None,
                guards: list[str] | None = None, storage: str | None = None, checkpoint: str | None = None,
@@ -162,7 +163,7 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
     if not chosen_model:
         raise UsageError(f"hardware profile {profile.name!r} names no default model. Fix: pass --model PATH_OR_ID")
     study_name = name or f"{profile.name}-{Path(objective).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return StudyRecord(name=study_name, hw=hw, objective=objective, model=chosen_model, vllm_cmd=vllm_cmd,
+    return StudyRecord(name=study_name, hw=hw, objective=objective, model=chosen_model, server_cmd=server_cmd,
                        port=port, trials=trials, budget_s=budget_s, seed=seed, slo_overrides=slo_overrides,
                        ready_timeout_s=ready_timeout_s, guards=guards, storage=storage, checkpoint=checkpoint,
                        prevalidate=prevalidate, confirm=confirm or ConfirmSpec(), sampler=sampler,

@@ -214,7 +214,7 @@ class Study:
     def context(self) -> TrialContext:
         model = resolve_model(self.record.model, self.runs_dir)
         return TrialContext(
-            vllm_cmd=self.engine.resolve_command(self.record.vllm_cmd), model=model, objective=self.objective,
+            server_cmd=self.engine.resolve_command(self.record.server_cmd), model=model, objective=self.objective,
             host=self.profile.server.host, port=self.record.port,
             ready_timeout_s=self.startup_limits_s()[0], startup_stall_s=self.startup_limits_s()[1],
             vocab_size=vocab_size_of(model), guards=self.guard_suite(), engine=self.engine,

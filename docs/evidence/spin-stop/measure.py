@@ -37,7 +37,7 @@ def night(hw: str, seed: int, where: Path) -> dict[str, Any]:
     model = where / "model"
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps({"vocab_size": 129280}))
-    record = new_record(name=f"{hw}-{seed}", hw=hw, objective="throughput", model=str(model), vllm_cmd=sys.executable,
+    record = new_record(name=f"{hw}-{seed}", hw=hw, objective="throughput", model=str(model), server_cmd=sys.executable,
                         port=None, trials=RUNS, budget_s=None, seed=seed, slo_overrides={}, ready_timeout_s=None,
                         prevalidate="off", confirm=ConfirmSpec(top_k=0, repeats=2), guards=[])
     study = Study.create(record, where / "runs")

@@ -81,7 +81,7 @@ class EmulatedEngine(VllmEngine):
     def resolve_command(self, command: str) -> list[str]:
         parts = shlex.split(command)
         if not parts:
-            raise UsageError(f"--vllm-cmd is empty; the emulated node runs as {DEFAULT_COMMAND!r}")
+            raise UsageError(f"--engine-cmd is empty; the emulated node runs as {DEFAULT_COMMAND!r}")
         if find_spec(MODULE) is None:  # pragma: no cover - the module is part of this package
             raise UsageError(f"{MODULE} is not importable here. Fix: pip install dsv4-tune")
         return parts

