@@ -19,7 +19,7 @@ from pathlib import Path
 from tuner.search.checkpoints import Checkpoint
 from tuner.search.profile import HardwareProfile
 
-__all__ = ["Device", "HostProbe", "Mismatch", "check_host", "cpu_has_avx512", "version_at_least"]
+__all__ = ["Device", "HostProbe", "Mismatch", "check_host", "cpu_has_avx512", "host_probe", "version_at_least"]
 
 MIN_FREE_DISK_GB = 20.0
 """Logs, the compile caches (torch.compile, CUDA graphs) and the study's files of one night on a GPU node."""
@@ -128,6 +128,14 @@ class HostProbe:
     port_free: Callable[[int], bool] = _port_free
 
 
+ACTIVE_PROBE: HostProbe | None = None
+"""The probe ``doctor``, ``plan`` and a study use (None: the real host). A test sets a faked one."""
+
+
+def host_probe() -> HostProbe:
+    return ACTIVE_PROBE or HostProbe()
+
+
 def _existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
@@ -157,7 +165,7 @@ def check_host(profile: HardwareProfile, checkpoint: Checkpoint | None, model: s
                engine: str, runs_dir: Path, port: int | None, probe: HostProbe | None = None) -> list[Mismatch]:
     """Every way this host cannot serve ``profile`` (empty: it can). ``model`` is the resolved model (a
     local path, a hub id, or None for the checkpoint's repo)."""
-    probe = probe or HostProbe()
+    probe = probe or host_probe()
     found = _check_devices(profile, probe)
     found += _check_engine(profile, engine, probe)
     found += _check_checkpoint(checkpoint, model, probe)
@@ -165,7 +173,7 @@ def check_host(profile: HardwareProfile, checkpoint: Checkpoint | None, model: s
     free = probe.free_disk_gb(runs_dir)
     if free < need:
         found.append(Mismatch("disk", f"{free:.1f} GB free under {runs_dir}, the night needs {need:.0f} GB for "
-                              "logs and compile caches", f"free space there, or give --runs-dir on a larger disk"))
+                              "logs and compile caches", "free space there, or give --runs-dir on a larger disk"))
     if port is not None and not probe.port_free(port):
         found.append(Mismatch("port", f"port {port} on 127.0.0.1 is in use",
                               "stop what holds it, or drop --port to take a free one"))

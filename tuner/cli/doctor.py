@@ -6,13 +6,9 @@ import argparse
 from pathlib import Path
 
 from tuner.errors import UsageError
-from tuner.preflight import HostProbe, Mismatch, check_host
+from tuner.preflight import Mismatch, check_host
 
 __all__ = ["add_command", "mismatches_for", "preflight_or_stop"]
-
-PROBE: HostProbe | None = None
-"""The host probe ``doctor`` and ``run`` use (None: the real host). Tests set a faked one."""
-
 
 def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     doctor = sub.add_parser("doctor", help="check that this host can serve a hardware profile (GPUs, engine, "
@@ -36,7 +32,7 @@ def mismatches_for(hw: str, model: str | None, checkpoint: str | None, runs_dir:
         profile = bind_checkpoint(profile, ckpt)
     chosen = model or profile.server.model
     resolved = resolve_model(chosen, runs_dir) if chosen else None
-    return check_host(profile, ckpt, resolved, engine=engine, runs_dir=runs_dir, port=port, probe=PROBE)
+    return check_host(profile, ckpt, resolved, engine=engine, runs_dir=runs_dir, port=port, probe=None)
 
 
 def preflight_or_stop(hw: str, model: str | None, checkpoint: str | None, runs_dir: Path, port: int | None,
