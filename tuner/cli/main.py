@@ -214,7 +214,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for line in mismatches:
             err_console.print(f"[yellow]warning (--force):[/] {line}", markup=True, highlight=False, soft_wrap=True)
     if args.trials is None and not args.budget:
-        console.print(f"budget: the profile's night, {(record.budget_s or 0) / 3600:g} h (no --trials or --budget given). "
+        hours = (record.budget_s or 0) / 3600
+        console.print(f"budget: the profile's night, {hours:g} h (no --trials or --budget given). "
                       f"Stop any time with Ctrl-C; continue with `dsv4-tune resume {record.name}`", markup=False,
                       soft_wrap=True)
     study = Study.create(record, args.runs_dir)

@@ -231,6 +231,7 @@ class TrialStep:
             key = node_fault_key(failure, reason)
             if key is not None:
                 by_message.setdefault(key, []).append(t)
+        self.start_failures = {}  # rebuilt: a failure found to be the node's no longer marks its base
         node_faults = {t.number for group in by_message.values() if len(group) > 1
                        and len({self._key_of(t) for t in group}) > 1 for t in group}
         for t in launches:
@@ -446,9 +447,7 @@ class TrialStep:
         self.prelaunch.observe_failure(memory_args(proposal.config), outcome.failure_class,
                                        started=outcome.ready_s is not None, trial=proposal.number,
                                        evidence=outcome.reason)
-        self._note_start_failure(proposal.number, proposal.config.params,
-                                 {"failure_class": outcome.failure_class, "ready_s": outcome.ready_s,
-                                  "reason": outcome.reason})
+        self._learn_start_failures()  # this launch (told by now), with what it shares with the others
 
     def interrupted(self, proposal: Proposal) -> None:
         """A proposal abandoned before its launch (its control's launch was interrupted): FAIL, re-queued on resume."""
