@@ -74,6 +74,13 @@ class UnconfirmedWinnerError(StudyError):
     """Export was asked for, but no candidate was confirmed (and ``--accept-unconfirmed`` was not given)."""
 
 
+class NodeFaultError(StudyError):
+    """Launches that share no lever value failed with one message: the node's fault, not the flags'.
+
+    The study stops with the message; ``dsv4-tune doctor`` checks the host and ``resume`` goes on once fixed.
+    """
+
+
 class SearchStalledError(StudyError):
     """The search cannot go on: its proposals were all launched before, or all refused before launch.
 

@@ -114,8 +114,10 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
         record = with_engine(record, engine, args)
     engine_class(engine)().resolve_command(record.server_cmd)
     resolve_model(record.model, args.runs_dir)
-    if record.trials is None and record.budget_s is None:
-        raise UsageError("give --trials N or --budget DURATION (or both), so the study knows when to stop")
+    if record.trials is None and record.budget_s is None:  # the command as the design writes it: one night
+        from tuner.search import load_profile
+
+        record = record.model_copy(update={"budget_s": load_profile(record.hw).server.night_budget_s})
     return record
 
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import catalog
-from tuner.cli import rehearse, scaleout
+from tuner.cli import doctor, rehearse, scaleout
 from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, record_from_args
 from tuner.engines import default_engine
 from tuner.errors import (
@@ -38,7 +38,7 @@ console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)  # errors go to stderr
 SCALEOUT: dict[str, scaleout.Command] = {}
 SUBCOMMANDS = {"run", "resume", "export", "list", "status", "plan", "demo-model", "report", "worker",
-               "verify", "rehearse"}
+               "verify", "rehearse", "doctor"}
 EXIT_UNCONFIRMED = 3
 """Exit code when the study found feasible trials but confirmed none (and --accept-unconfirmed was not given)."""
 HW_HELP = "hardware profile: a name in search_spaces/ (see `dsv4-tune list`) or a YAML path"
@@ -54,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--hw", required=True, help=HW_HELP)
     run.add_argument("--objective", default="throughput", help="objective name or YAML path")
     run.add_argument("--trials", type=positive_int, help="stop after this many launches")
-    run.add_argument("--budget", help="stop before this much wall time is spent, e.g. 8h, 90m")
+    run.add_argument("--budget", help="stop before this much wall time is spent, e.g. 8h, 90m (default, with no "
+                     "--trials either: the profile's night, server.night_budget_s)")
+    run.add_argument("--force", action="store_true", help="run although the pre-flight check finds mismatches; "
+                     "they are recorded in study.json, the report and the export's identity")
     run.add_argument("--study", help="study name (default: <hw>-<objective>-<timestamp>)")
     run.add_argument("--model", help="model path or hub id (default: the hardware profile's; 'demo' = the shipped "
                      "tiny DSV4-token model)")
@@ -139,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("dir", type=Path)
     demo.add_argument("--random", action="store_true", help="instead generate a tiny model with random weights")
     demo.add_argument("--seed", type=int, default=0, help="with --random: the seed of the weights")
+    doctor.add_command(sub)
     SCALEOUT.update(scaleout.add_commands(sub))
     rehearse.add_command(sub)
     return parser
@@ -203,8 +207,32 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.backend == "ray":
         return SCALEOUT["ray"](args)
-    study = Study.create(record_from_args(args), args.runs_dir)
+    record = record_from_args(args)
+    mismatches = doctor.preflight_or_stop(record.hw, args.model, record.checkpoint, args.runs_dir, args.port,
+                                          record.engine, args.force)
+    if mismatches:
+        record = record.model_copy(update={"preflight_mismatches": mismatches})
+        for line in mismatches:
+            err_console.print(f"[yellow]warning (--force):[/] {line}", markup=True, highlight=False, soft_wrap=True)
+    if args.trials is None and not args.budget:
+        hours = (record.budget_s or 0) / 3600
+        console.print(f"budget: the profile's night, {hours:g} h (no --trials or --budget given). "
+                      f"Stop any time with Ctrl-C; continue with `dsv4-tune resume {record.name}`", markup=False,
+                      soft_wrap=True)
+    study = Study.create(record, args.runs_dir)
     return _run_study(study, args)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    lines = [m.line() for m in doctor.mismatches_for(args.hw, args.model, args.checkpoint, args.runs_dir,
+                                                     args.port)]
+    for line in lines:
+        err_console.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+    if lines:
+        return 1
+    console.print(f"doctor: this host can serve {args.hw} (GPUs, engine, checkpoint offline, disk, port)",
+                  markup=False)
+    return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -351,7 +379,7 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     return rehearse.cmd_rehearse(args, console, _run_study)
 
 
-COMMANDS = {"rehearse": cmd_rehearse,
+COMMANDS = {"rehearse": cmd_rehearse, "doctor": cmd_doctor,
             "worker": cmd_worker, "run": cmd_run, "resume": cmd_resume, "export": cmd_export, "status": cmd_status,
             "list": cmd_list, "plan": cmd_plan, "demo-model": cmd_demo_model, "report": cmd_report,
             "verify": cmd_verify}
@@ -374,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (UsageError, CatalogError, UnknownNameError) as exc:
-        err_console.print(f"[red]error:[/] {exc}", markup=True)
+        err_console.print(f"[red]error:[/] {exc}", markup=True, soft_wrap=True)
         return 2
     except UnconfirmedWinnerError as exc:
         err_console.print(f"[red]error:[/] {exc}")

@@ -173,6 +173,11 @@ class Server(_Strict):
     client_cpus: int = Field(default=0, ge=0)
     """Cores kept for the load generator and guards; the server runs on the others (0: no split).
     On the CPU build the server's OpenMP threads are bound to its cores too (tuner/affinity.py)."""
+    night_budget_s: float = Field(default=8 * 3600.0, gt=0)
+    """The budget of ``run`` given neither ``--trials`` nor ``--budget``: one night."""
+    engine_version: str | None = None
+    """The lowest engine (vLLM) version the profile's flags are written for; the pre-flight check
+    refuses an older one (None: not checked)."""
     workload_scale: str | None = None
     """The scale of every objective's workload on this node: None (an objective's top level, the GPU
     node's workload) or the name of an objective's ``scales`` section (the CPU profile: ``demo``)."""

@@ -77,6 +77,8 @@ class StudyRecord(BaseModel):
     stop_when_done: bool = False
     """``--stop-when-done``: end screening once the model gives an untried configuration under 5 % chance
     of beating the winner, and spend the rest of the budget on confirmation repeats."""
+    preflight_mismatches: list[str] = Field(default_factory=list)
+    """What the pre-flight check found wrong with the host when ``--force`` ran the study anyway."""
     created_at: float = Field(default_factory=time.time)
 
 

@@ -49,13 +49,14 @@ from optuna.trial import TrialState
 
 from tuner import store
 from tuner.backends.storage import ask_fixed
-from tuner.errors import SearchStalledError
+from tuner.errors import NodeFaultError, SearchStalledError
 from tuner.failures import START_FAILURES, FailureClass
 from tuner.objective import Objective, constraint_names, failed_score
 from tuner.search.feasibility import memory_args
 from tuner.search.prelaunch import PreLaunch, Refusal
 from tuner.search.profile import DRAFT_TOKENS_PARAM, HardwareProfile
 from tuner.search.space import ServeConfig, build_config, suggest
+from tuner.study.lessons import LeverConstraint, lever_named, node_fault_key, write_constraints
 from tuner.trial import TrialContext, TrialOutcome, run_trial
 
 __all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_REFUSED_IN_A_ROW", "PRUNED_LOG", "Proposal", "TrialStep", "learn_kv"]
@@ -143,7 +144,7 @@ class TrialStep:
     """
 
     def __init__(self, path: Path, profile: HardwareProfile, objective: Objective, ostudy: optuna.Study,
-                 ctx: TrialContext, prelaunch: PreLaunch) -> None:
+                 ctx: TrialContext, prelaunch: PreLaunch, probed: tuple[LeverConstraint, ...] = ()) -> None:
         self.path = path
         self.profile = profile
         self.objective = objective
@@ -153,6 +154,12 @@ class TrialStep:
         self.idle = _Idle()
         self.start_failures: dict[str, tuple[int, str, str]] = {}
         """Base configuration key → (trial, failure class, reason) of a launch of it that never became ready."""
+        self.probed: list[LeverConstraint] = list(probed)
+        """Lever values a host probe rules out before any launch (:func:`~tuner.study.lessons.probed_constraints`)."""
+        self.constraints: dict[tuple[str, str], LeverConstraint] = {}
+        """(lever, value) → the hard constraint a probe or a deterministic start failure taught."""
+        self.session_start = len(ostudy.trials)
+        """Trials numbered from here ran in this session: only they can end it as a node fault."""
         self._learn_start_failures()  # a resumed study's, and the other workers' so far
 
     # -- proposing -----------------------------------------------------------------------------------
@@ -209,9 +216,49 @@ class TrialStep:
         self._learn_start_failures()
 
     def _learn_start_failures(self) -> None:
-        for t in self.ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True):
+        launches = [t for t in self.ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if "duplicate_of" not in t.user_attrs and t.user_attrs.get("launched", True)
+                    and t.user_attrs.get("ready_s") is None]
+        constraints = {(c.lever, c.value): c for c in self.probed}
+        by_message: dict[str, list[optuna.trial.FrozenTrial]] = {}
+        for t in launches:
+            failure, reason = str(t.user_attrs.get("failure_class", "")), str(t.user_attrs.get("reason", ""))
+            learned = lever_named(self.profile, t.params, failure, reason)
+            if learned is not None:
+                constraints.setdefault((learned.lever, learned.value),
+                                       LeverConstraint(learned.lever, learned.value, failure, reason, t.number))
+                continue
+            key = node_fault_key(failure, reason)
+            if key is not None:
+                by_message.setdefault(key, []).append(t)
+        self.start_failures = {}  # rebuilt: a failure found to be the node's no longer marks its base
+        node_faults = {t.number for group in by_message.values() if len(group) > 1
+                       and len({self._key_of(t) for t in group}) > 1 for t in group}
+        for t in launches:
+            if t.number not in node_faults:
                 self._note_start_failure(t.number, t.params, t.user_attrs)
+        if constraints != self.constraints:
+            self.constraints = constraints
+            write_constraints(self.path, constraints.values())
+        this_session = sorted(n for n in node_faults if n >= self.session_start)
+        if len(this_session) >= 2:
+            first = self.ostudy.trials[this_session[0]]
+            raise NodeFaultError(
+                f"trials {', '.join(map(str, this_session))} share no lever value and failed to start with the same "
+                f"message: {first.user_attrs.get('reason', '')}. This is the node's fault, not the flags': the "
+                "study stopped. Fix: `dsv4-tune doctor --hw " + self.profile.name + "` checks the host; then "
+                "`dsv4-tune resume <study>` goes on")
+
+    def _key_of(self, t: optuna.trial.FrozenTrial) -> str:
+        return str(t.user_attrs.get("config_key") or sorted(t.params.items()))
+
+    def lever_refused(self, config: ServeConfig) -> Refusal | None:
+        """A refusal when ``config`` holds a lever value a probe or an earlier start failure ruled out."""
+        for (lever, value), c in sorted(self.constraints.items()):
+            if lever in config.params and str(config.params[lever]) == value:
+                return Refusal(c.failure_class, f"not launched: learned constraint: {c.describe()}",
+                               {"lever": lever, "value": value, "trial": c.trial}, rule="learned_constraint")
+        return None
 
     def _note_start_failure(self, number: int, params: Mapping[str, Any], attrs: Mapping[str, Any]) -> None:
         """Remember a launch that never became ready because of its flags, by its base (speculation off)."""
@@ -265,7 +312,8 @@ class TrialStep:
         Raises :class:`~tuner.errors.SearchStalledError` once :data:`MAX_REFUSED_IN_A_ROW` proposals in
         a row went without a launch (after telling this one).
         """
-        verdict = self.base_failed(proposal.config) or self.prelaunch.check(proposal.config, self.ctx)
+        verdict = (self.lever_refused(proposal.config) or self.base_failed(proposal.config)
+                   or self.prelaunch.check(proposal.config, self.ctx))
         if verdict is not None:
             self.tell_pruned(proposal, verdict)
             self._not_launched(proposal, verdict.rule or verdict.failure_class, verdict.reason)
@@ -399,9 +447,7 @@ class TrialStep:
         self.prelaunch.observe_failure(memory_args(proposal.config), outcome.failure_class,
                                        started=outcome.ready_s is not None, trial=proposal.number,
                                        evidence=outcome.reason)
-        self._note_start_failure(proposal.number, proposal.config.params,
-                                 {"failure_class": outcome.failure_class, "ready_s": outcome.ready_s,
-                                  "reason": outcome.reason})
+        self._learn_start_failures()  # this launch (told by now), with what it shares with the others
 
     def interrupted(self, proposal: Proposal) -> None:
         """A proposal abandoned before its launch (its control's launch was interrupted): FAIL, re-queued on resume."""

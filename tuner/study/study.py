@@ -25,6 +25,7 @@ from tuner.load.affinity import plan_cpu_split
 from tuner.load.power import detect_power_reader
 from tuner.objective import Objective, constraint_names, load_objective
 from tuner.predict import PriorUnavailable
+from tuner.preflight import host_probe
 from tuner.search.checkpoints import Checkpoint, load_checkpoint
 from tuner.search.envelope import knee_of, objective_for
 from tuner.search.prelaunch import PreLaunch
@@ -33,6 +34,7 @@ from tuner.search.space import ServeConfig
 from tuner.study.clock import StudyClock
 from tuner.study.confirm import Confirmation, ConfirmationPhase, Winner
 from tuner.study.guided import GuidedSearch
+from tuner.study.lessons import LeverConstraint, probed_constraints
 from tuner.study.local import LocalLoop
 from tuner.study.progress import Progress
 from tuner.study.ranking import write_trials_table
@@ -256,7 +258,14 @@ class Study:
         checks = prelaunch if prelaunch is not None else self.prelaunch(ostudy)
         if ctx.knee is not None:  # each launch's knee from the model as refitted to the night's launches so far
             ctx = dataclasses.replace(ctx, knee=self.knee_predictor(checks))
-        return TrialStep(self.path, self.profile, self.objective, ostudy, ctx, checks)
+        return TrialStep(self.path, self.profile, self.objective, ostudy, ctx, checks, self.probed_constraints())
+
+    def probed_constraints(self) -> tuple[LeverConstraint, ...]:
+        """The lever values a cheap probe of this host rules out before any launch (FP8 KV on a CPU
+        without AVX-512); none for an engine that does not run on this host (the emulated node)."""
+        if self.record.engine != "vllm":
+            return ()
+        return tuple(probed_constraints(self.profile, host_probe().cpu_flags()))
 
     def knee_predictor(self, checks: PreLaunch | None = None) -> Callable[[ServeConfig], int] | None:
         """A configuration's KV knee (the feasibility model's max concurrency), for a ladder stepped by it.
