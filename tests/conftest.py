@@ -38,15 +38,24 @@ settings.register_profile("explore", derandomize=False, max_examples=1000)
 settings.load_profile(os.environ.get("DSV4_HYPOTHESIS_PROFILE", "gate"))
 
 
+def stand_in_checkpoint(folder: Path, config: dict[str, Any] | None = None) -> Path:
+    """A checkpoint folder that passes the pre-flight check's offline test (config.json, one weight file: an
+    empty safetensors) and nothing more: for tests whose launches are synthetic or a stand-in server."""
+    import struct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config if config is not None else {"vocab_size": 1000}))
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    return folder
+
+
 def synthetic_record(tmp_path: Path, *, name: str, trials: int | None, hw: str = "cpu",
                      budget_s: float | None = None, top_k: int = 0, seed: int = 1) -> StudyRecord:
     """A study record for synthetic trials: a stand-in model folder (only a vocabulary), no prevalidation."""
     from tuner.study import new_record
     from tuner.study.confirm import ConfirmSpec
 
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    model = stand_in_checkpoint(tmp_path / "model")
     return new_record(name=name, hw=hw, objective="throughput", model=str(model), server_cmd=sys.executable,
                       port=None, trials=trials, budget_s=budget_s, seed=seed, slo_overrides={},
                       ready_timeout_s=None, prevalidate="off", confirm=ConfirmSpec(top_k=top_k, repeats=2))

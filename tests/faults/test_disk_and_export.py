@@ -28,6 +28,7 @@ import optuna
 import pytest
 import yaml
 
+from tests.conftest import stand_in_checkpoint
 from tests.faults.conftest import STANDINS, Tuner
 from tuner import store
 
@@ -75,12 +76,14 @@ def disk_full_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     """One study whose only trial fills the disk (stand-in fill_disk.py) before its results are written."""
     root = tmp_path_factory.mktemp("diskfull")
     (root / "cpu.yaml").write_text(yaml.safe_dump(CPU_PROFILE))
-    (root / "model").mkdir()
+    stand_in_checkpoint(root / "model")
     with _small_fs(root) as fs:
         runs = fs / "runs"
+        # --force: the pre-flight check rightly says a 6 MiB filesystem is too small for a night; this test
+        # is about the disk filling up during a trial, after the check.
         tuner = Tuner("--hw", str(root / "cpu.yaml"), "--trials", "1", "--study", "full", "--model",
                       str(root / "model"), "--vllm-cmd", f"{sys.executable} {STANDINS / 'fill_disk.py'}",
-                      "--no-export", runs=runs)
+                      "--no-export", "--force", runs=runs)
         rc = tuner.wait(120)
         filler = runs / "full/trials/0000/filler.bin"
         obs: dict[str, Any] = {"rc": rc, "out": " ".join(tuner.output.split()), "runs": runs,

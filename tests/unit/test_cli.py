@@ -128,11 +128,61 @@ def test_missing_model_path_returns_2(capsys: pytest.CaptureFixture[str], tmp_pa
     assert not (tmp_path / "runs").exists()
 
 
-def test_no_stop_condition_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code = main(["--hw", "cpu", "--model", str(tmp_path), "--vllm-cmd", sys.executable,
-                 "--runs-dir", str(tmp_path / "runs")])
+@pytest.fixture
+def cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This host as the pre-flight check sees it: no GPU tools, no checkpoint in the local cache (injected,
+    so a developer's GPU machine or hub cache gives the same verdict)."""
+    import tuner.search.preflight as preflight
+
+    monkeypatch.setattr(preflight, "ACTIVE_PROBE", preflight.HostProbe(
+        nvidia_devices=lambda: None, amd_devices=lambda: None, hf_snapshot=lambda repo, rev: None))
+
+
+def test_the_designs_command_on_a_cpu_host_stops_before_any_launch(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, cpu_host: None) -> None:
+    """``dsv4-tune --hw gh200x4 --objective throughput`` as written: one line per mismatch, each with its fix."""
+    code = main(["--hw", "gh200x4", "--objective", "throughput", "--runs-dir", str(tmp_path / "runs")])
+    out = _printed(capsys)
     assert code == 2
-    assert "--trials" in _printed(capsys)
+    assert "nothing was launched" in out
+    lines = [line.strip() for line in out.splitlines() if line.strip().startswith(("accelerator:", "checkpoint:"))]
+    assert len(lines) == 2, out
+    assert lines[0].startswith("accelerator: no NVIDIA GPU found") and "4x" in lines[0] and "Fix:" in lines[0]
+    assert lines[1].startswith("checkpoint:") and "not available offline" in lines[1] and "Fix:" in lines[1]
+    assert "dsv4-tune doctor --hw gh200x4" in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_doctor_names_the_same_mismatches_and_passes_the_cpu_profile(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, cpu_host: None) -> None:
+    from tests.conftest import stand_in_checkpoint
+
+    assert main(["doctor", "--hw", "gh200x4", "--runs-dir", str(tmp_path)]) == 1
+    out = _printed(capsys)
+    assert "no NVIDIA GPU found" in out and "not available offline" in out
+    model = stand_in_checkpoint(tmp_path / "model")
+    assert main(["doctor", "--hw", "cpu", "--model", str(model), "--runs-dir", str(tmp_path)]) == 0, _printed(capsys)
+    assert "can serve cpu" in _printed(capsys)
+
+
+def test_no_stop_condition_runs_the_profiles_night_and_says_so_first(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither --trials nor --budget: the budget is the profile's night, said before anything else runs."""
+    from tests.conftest import stand_in_checkpoint
+    main_mod = sys.modules["tuner.cli.main"]  # the package's `main` name is the function
+
+    seen: dict[str, object] = {}
+
+    def no_night(study: object, args: object) -> int:  # the night itself is the e2e tests'; stop at its start
+        seen["budget_s"] = study.record.budget_s  # type: ignore[attr-defined]
+        return 0
+
+    monkeypatch.setattr(main_mod, "_run_study", no_night)
+    model = stand_in_checkpoint(tmp_path / "model")
+    assert main(["--hw", "cpu", "--model", str(model), "--runs-dir", str(tmp_path / "runs")]) == 0
+    first = _printed(capsys).splitlines()[0]
+    assert first.startswith("budget: the profile's night, 8 h") and "Ctrl-C" in first and "dsv4-tune resume" in first
+    assert seen["budget_s"] == 8 * 3600.0
 
 
 def test_bad_budget_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

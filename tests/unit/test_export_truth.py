@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import tuner.study.step as step_mod
+from tests.conftest import stand_in_checkpoint
 from tuner import store
 from tuner.cli.main import EXIT_UNCONFIRMED, main
 from tuner.objective import constraint_names
@@ -47,9 +48,7 @@ def _fake_launches(monkeypatch: pytest.MonkeyPatch, repeats_seen: tuple[float, .
 
 
 def _run(tmp_path: Path, *extra: str) -> int:
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    model = stand_in_checkpoint(tmp_path / "model")
     return main(["run", "--hw", "cpu", "--objective", "throughput", "--trials", "2", "--study", "s",
                  "--model", str(model), "--prevalidate", "off", "--guards", "none", "--confirm-top-k", "1",
                  "--confirm-repeats", "3", "--runs-dir", str(tmp_path / "runs"), *extra])

@@ -132,13 +132,11 @@ def test_fit_line_drops_the_least_important_parts_first_then_cuts() -> None:
 def test_the_command_line_piped_writes_one_line_per_event(tmp_path: Path, phased_launches: None,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """``dsv4-tune run … > file``: the progress lines and the closing ones (report, winner) are whole lines."""
-    import json
 
+    from tests.conftest import stand_in_checkpoint
     from tuner.cli.main import main
 
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    model = stand_in_checkpoint(tmp_path / "model")
     runs = tmp_path / "a-runs-folder-with-a-name-long-enough-to-pass-eighty-columns"
     assert main(["run", "--hw", "cpu", "--objective", "throughput", "--trials", "2", "--study", "piped",
                  "--model", str(model), "--prevalidate", "off", "--guards", "none", "--confirm-top-k", "1",

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from tuner.errors import UsageError
-from tuner.preflight import Mismatch, check_host
+from tuner.search.preflight import Mismatch, check_host
 
 __all__ = ["add_command", "mismatches_for", "preflight_or_stop"]
 

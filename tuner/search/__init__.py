@@ -7,6 +7,7 @@
     feasibility.py   the memory model: will a configuration fit, and with how much KV cache
     prelaunch.py     the checks before a launch: the feasibility model, the engine's own argument checks
     plan.py          ``dsv4-tune plan``: a hardware profile's space, sized without a launch
+    preflight.py     does this host serve this profile? (``dsv4-tune doctor``, and before a run's first launch)
 """
 
 from __future__ import annotations

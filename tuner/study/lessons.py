@@ -89,7 +89,7 @@ def node_fault_key(failure_class: str, reason: str) -> str | None:
 
 def probed_constraints(profile: HardwareProfile, cpu_flags: frozenset[str]) -> list[LeverConstraint]:
     """What a cheap probe of this host rules out before any launch: FP8 KV on a CPU without AVX-512/AMX."""
-    from tuner.preflight import cpu_has_avx512
+    from tuner.search.preflight import cpu_has_avx512
 
     out: list[LeverConstraint] = []
     lever = profile.levers.get("kv-cache-dtype")

@@ -56,7 +56,7 @@ from tuner.search.feasibility import memory_args
 from tuner.search.prelaunch import PreLaunch, Refusal
 from tuner.search.profile import DRAFT_TOKENS_PARAM, HardwareProfile
 from tuner.search.space import ServeConfig, build_config, suggest
-from tuner.study.lessons import LeverConstraint, lever_named, node_fault_key, write_constraints
+from tuner.study.lessons import CONSTRAINTS_FILE, LeverConstraint, lever_named, node_fault_key, write_constraints
 from tuner.trial import TrialContext, TrialOutcome, run_trial
 
 __all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_REFUSED_IN_A_ROW", "PRUNED_LOG", "Proposal", "TrialStep", "learn_kv"]
@@ -158,8 +158,9 @@ class TrialStep:
         """Lever values a host probe rules out before any launch (:func:`~tuner.study.lessons.probed_constraints`)."""
         self.constraints: dict[tuple[str, str], LeverConstraint] = {}
         """(lever, value) → the hard constraint a probe or a deterministic start failure taught."""
-        self.session_start = len(ostudy.trials)
-        """Trials numbered from here ran in this session: only they can end it as a node fault."""
+        self.finished_before = frozenset(t.number for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished())
+        """Trials told before this session (a resumed study's): only the others can end it as a node fault.
+        (Not a count of trials: the baselines the study enqueued are numbered before this session's first launch.)"""
         self._learn_start_failures()  # a resumed study's, and the other workers' so far
 
     # -- proposing -----------------------------------------------------------------------------------
@@ -237,10 +238,10 @@ class TrialStep:
         for t in launches:
             if t.number not in node_faults:
                 self._note_start_failure(t.number, t.params, t.user_attrs)
-        if constraints != self.constraints:
+        if constraints != self.constraints or not (self.path / CONSTRAINTS_FILE).is_file():
             self.constraints = constraints
             write_constraints(self.path, constraints.values())
-        this_session = sorted(n for n in node_faults if n >= self.session_start)
+        this_session = sorted(n for n in node_faults if n not in self.finished_before)
         if len(this_session) >= 2:
             first = self.ostudy.trials[this_session[0]]
             raise NodeFaultError(

@@ -25,9 +25,9 @@ from tuner.load.affinity import plan_cpu_split
 from tuner.load.power import detect_power_reader
 from tuner.objective import Objective, constraint_names, load_objective
 from tuner.predict import PriorUnavailable
-from tuner.preflight import host_probe
 from tuner.search.checkpoints import Checkpoint, load_checkpoint
 from tuner.search.envelope import knee_of, objective_for
+from tuner.search.preflight import host_probe
 from tuner.search.prelaunch import PreLaunch
 from tuner.search.profile import HardwareProfile, bind_checkpoint, load_profile, reference_requires
 from tuner.search.space import ServeConfig
