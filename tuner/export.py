@@ -21,6 +21,7 @@ import shlex
 import shutil
 import tempfile
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,8 @@ def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, o
         "constraints": dict(zip(constraint_names(study_obj.objective), outcome.get("constraints", []),
                                 strict=False)),
         "guards": study_obj.guard_names(),
+        "host": {"preflight_mismatches": list(study_obj.record.preflight_mismatches),
+                 "learned_constraints": [asdict(c) for c in study_obj.learned_constraints()]},
         "search": {"trials": len(study.trials), "sampler": type(study.sampler).__name__,
                    "seed": study_obj.record.seed},
     }

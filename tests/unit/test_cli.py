@@ -198,3 +198,15 @@ def test_slo_override_without_unit_returns_2(capsys: pytest.CaptureFixture[str],
     assert code == 2
     assert "ttft" in _printed(capsys)
     assert not (runs / "s" / "study.json").exists()
+
+
+def test_plan_names_what_a_probe_of_this_host_rules_out(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import tuner.search.preflight as preflight
+
+    monkeypatch.setattr(preflight, "ACTIVE_PROBE", preflight.HostProbe(cpu_flags=lambda: frozenset({"avx2"})))
+    assert main(["plan", "--hw", "cpu"]) == 0
+    assert "Ruled out on this host before any launch: kv-cache-dtype=fp8 never launched" in _printed(capsys)
+    monkeypatch.setattr(preflight, "ACTIVE_PROBE", preflight.HostProbe(cpu_flags=lambda: frozenset({"avx512f"})))
+    assert main(["plan", "--hw", "cpu"]) == 0
+    assert "Ruled out on this host" not in _printed(capsys)

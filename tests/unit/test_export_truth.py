@@ -107,6 +107,34 @@ def test_a_confirmed_winner_exports_without_consent_and_says_so(tmp_path: Path,
     assert "confirmed: median of 3 repeats (2400.0 / 2410.0 / 2395.0" in (best / "serve.sh").read_text()
 
 
+def test_a_forced_run_carries_its_mismatches_and_constraints_into_report_identity_and_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--force goes on past a pre-flight mismatch (a disk too small for a night, on a CPU without AVX-512): the
+    mismatch and the probe's constraint reach report.md, best/identity.json and `status` (issue 25)."""
+    import tuner.search.preflight as preflight
+
+    monkeypatch.setattr(preflight, "ACTIVE_PROBE", preflight.HostProbe(
+        free_disk_gb=lambda path: 0.5, cpu_flags=lambda: frozenset({"sse4_2", "avx2"})))
+    _fake_launches(monkeypatch, STEADY)
+    assert _run(tmp_path) == 2  # refused without --force
+    assert "disk: 0.5 GB free" in capsys.readouterr().err
+    assert _run(tmp_path, "--force") == 0
+    folder = tmp_path / "runs" / "s"
+    host = json.loads((folder / "best" / "identity.json").read_text())["host"]
+    assert [line.split(":")[0] for line in host["preflight_mismatches"]] == ["disk"]
+    assert [(c["lever"], c["value"], c["trial"]) for c in host["learned_constraints"]] == [
+        ("kv-cache-dtype", "fp8", None)]
+    section = (folder / "report.md").read_text().split("## The host: pre-flight and learned constraints")[1]
+    section = section.split("\n## ")[0]
+    assert "pre-flight mismatch (run with --force): disk: 0.5 GB free" in section
+    assert "learned constraint: kv-cache-dtype=fp8 never launched (bad_flag, host probe)" in section
+    assert "AVX-512" in section
+    capsys.readouterr()
+    assert main(["status", "s", "--runs-dir", str(tmp_path / "runs")]) == 0
+    status = capsys.readouterr().out
+    assert "pre-flight mismatch (run with --force): disk" in status and "kv-cache-dtype=fp8 never launched" in status
+
+
 def _rejected_rows(report: str) -> dict[int, tuple[float, ...]]:
     """Rows of a report's confirmation table that were not accepted (trial, not a control) → repeats.
 

@@ -33,6 +33,7 @@ from tuner.errors import (
 
 if TYPE_CHECKING:
     from tuner.study import Study
+    from tuner.study.lessons import LeverConstraint
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)  # errors go to stderr
@@ -302,6 +303,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     console.print(table)
     best = best_feasible_trial(optuna_study)
     console.print(f"best: trial {best.number} = {best.value:.2f}" if best else "best: none feasible yet")
+    for note in study.host_notes():
+        console.print(note, markup=False, soft_wrap=True)
     return 0
 
 
@@ -342,12 +345,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     report = build_plan(args.hw, args.objective, budget_s, args.checkpoint)
     console.print(format_plan(report), markup=False, soft_wrap=True)
     console.print(_prior_section(args.hw, args.objective, args.checkpoint), markup=False, soft_wrap=True)
+    for ruled_out in _probed_on_this_host(args.hw):
+        console.print(f"Ruled out on this host before any launch: {ruled_out.describe()}", markup=False,
+                      soft_wrap=True)
     engine = default_engine()
     checks = ("will run before every launch" if engine.can_validate() else  # when not, the engine logs why
               "cannot run in this environment (the reason is logged above): configurations launch unchecked")
     console.print(f"Pre-launch argument checks (--prevalidate auto): {engine.title}'s own checks {checks}.",
                   markup=False, soft_wrap=True)
     return 0
+
+
+def _probed_on_this_host(hw: str) -> list[LeverConstraint]:
+    """The lever values a cheap probe of this host rules out (what a study here refuses before any launch)."""
+    from tuner.search import load_profile
+    from tuner.search.preflight import host_probe
+    from tuner.study.lessons import probed_constraints
+
+    return probed_constraints(load_profile(hw), host_probe().cpu_flags())
 
 
 def _prior_section(hw: str, objective: str | None, checkpoint: str | None) -> str:

@@ -52,6 +52,7 @@ from tuner.load.poller import Poller
 from tuner.load.pool import ClientPool, auto_processes
 from tuner.load.power import PowerReader, PowerSampler, energy_figures
 from tuner.load.units import IDENTITY, Units
+from tuner.load.warmup import Warmup, run_warmup
 from tuner.objective import LadderSpec, Objective, score
 
 __all__ = ["LadderSpec", "Measurement", "SloWatch", "Step", "ladder_concurrencies", "measure"]
@@ -109,6 +110,8 @@ class Measurement:
     """Whether the top step showed the knee the ladder was sized for (None: not a knee-sized ladder)."""
     units: Units = IDENTITY
     """How the steps' client records map to the node (the summaries are node figures already)."""
+    warmup: Warmup | None = None
+    """What ran before the first step, and whether the server was steady by then."""
 
     @property
     def refused(self) -> tuple[str, ...]:
@@ -121,6 +124,7 @@ class Measurement:
                 "client_starved": self.client_starved, "next_job": self.next_job,
                 "knee": self.knee.to_json() if self.knee is not None else None, "units": self.units.to_json(),
                 "refused_windows": list(self.refused),
+                "warmup": self.warmup.to_json() if self.warmup is not None else None,
                 "steps": [s.to_json() for s in self.steps]}
 
 
@@ -325,20 +329,19 @@ def _run_step(runner: _Runner, spec: LadderSpec | None, concurrency: int, first_
                 check=check, first_job=first_job)
 
 
-def _warmup(runner: _Runner, concurrency: int, should_stop: Callable[[], bool]) -> bool:
-    """Send the warm-up prompts; False when the tuner was stopped during it."""
-    workload = runner.objective.workload
-    if not workload.warmup_prompts:
-        return True
-    units = runner.units
-    plan = WindowPlan(0, units.client_requests(workload.warmup_prompts), units.client_streams(concurrency), None,
-                      warmup=True)
-    warm = runner.window(plan, should_stop, None)
-    failed = [r.error for r in warm.records if not r.ok]
-    logger.info("ladder: %d warm-up requests in %.2f s, %d failed", len(warm.records), warm.duration_s, len(failed))
-    if failed:
-        logger.warning("ladder: warm-up request failed: %s", failed[0])
-    return not warm.stopped
+def _warmup(runner: _Runner, concurrency: int, should_stop: Callable[[], bool], scrape: Scrape,
+            server_metrics: ServerMetrics) -> Warmup:
+    """Send the warm-up (:mod:`tuner.load.warmup`: one batch, or waves until the server's rate is steady)."""
+
+    def server_rate(before: Mapping[Any, float], after: Mapping[Any, float]) -> float | None:
+        tokens = server_metrics.window(before, after, ()).get("facts", {}).get("generation_tokens")
+        return None if tokens is None else float(tokens)
+
+    warm = run_warmup(lambda plan, stop: runner.window(plan, stop, None), runner.objective.workload, runner.units,
+                      concurrency, should_stop, scrape, server_rate)
+    logger.info("ladder: warm-up of %d wave(s), %d requests, %s", len(warm.waves),
+                sum(w.requests for w in warm.waves), "steady" if warm.steady else "not steady")
+    return warm
 
 
 def window_long_enough(spec: LadderSpec | None, summary: Mapping[str, Any]) -> bool:
@@ -407,10 +410,11 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
         if pool is not None:
             pool.start()
             runner.pool = pool
-        if not _warmup(runner, concurrencies[0], should_stop):
+        warm = _warmup(runner, concurrencies[0], should_stop, scrape, server_metrics)
+        if warm.stopped:
             return Measurement(summary=metrics.summarize(LoadResult((), 0.0, concurrencies[0], None, True)),
                                server={}, steps=(), stopped=True, stop_reason="stopped during warm-up",
-                               next_job=first_job)
+                               next_job=first_job, warmup=warm)
         rate_key = _rate_metric(objective)
         best_rate = -math.inf
         stale = 0
@@ -468,7 +472,7 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
     stopped = any(s.result.stopped for s in steps)
     if chosen is None:
         return Measurement(summary={}, server={}, steps=(), stopped=stopped, stop_reason=stop_reason,
-                           next_job=first_job)
+                           next_job=first_job, warmup=warm)
     best = steps[chosen]
     evidence = (knee_evidence([(s.concurrency, s.server, s.summary) for s in steps], knee)
                 if knee is not None else None)
@@ -480,4 +484,4 @@ def measure(base_url: str, model: str, objective: Objective, *, vocab_size: int,
     return Measurement(summary=best.summary, server={**best.server, "client": dict(best.client)},
                        steps=tuple(steps), stopped=stopped, chosen=chosen, stop_reason=stop_reason,
                        client_saturated=saturated, client_starved=starved, next_job=first_job, knee=evidence,
-                       units=units)
+                       units=units, warmup=warm)

@@ -62,7 +62,7 @@ class ServerMetrics(Protocol):
     deltas, keyed by the engine's own names), ``spec_decode``, ``queue`` (``*_queue_ms`` keys, also
     copied into the step's summary), ``gauges`` and ``facts`` (engine-neutral figures the window
     check reads, :mod:`tuner.load.freshness`: ``prefix_cache_hits``, ``prefix_cache_queries``,
-    ``preemptions``, ``prompt_tokens``, ``kv_usage_max``, ``queue_p95_ms``; and the knee check,
+    ``preemptions``, ``prompt_tokens``, ``generation_tokens``, ``kv_usage_max``, ``queue_p95_ms``; and the knee check,
     :mod:`tuner.load.knee`: ``running_max``, ``waiting_max``; None = not reported).
     ``after`` is empty when the window was stopped.
     """

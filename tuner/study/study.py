@@ -34,7 +34,7 @@ from tuner.search.space import ServeConfig
 from tuner.study.clock import StudyClock
 from tuner.study.confirm import Confirmation, ConfirmationPhase, Winner
 from tuner.study.guided import GuidedSearch
-from tuner.study.lessons import LeverConstraint, probed_constraints
+from tuner.study.lessons import LeverConstraint, load_constraints, probed_constraints
 from tuner.study.local import LocalLoop
 from tuner.study.progress import Progress
 from tuner.study.ranking import write_trials_table
@@ -266,6 +266,17 @@ class Study:
         if self.record.engine != "vllm":
             return ()
         return tuple(probed_constraints(self.profile, host_probe().cpu_flags()))
+
+    def learned_constraints(self) -> list[LeverConstraint]:
+        """The lever values this study never launches, with their evidence (``constraints.json``: a host probe's,
+        and those a start failure taught)."""
+        return load_constraints(self.path)
+
+    def host_notes(self) -> list[str]:
+        """What the morning's files say of this host beyond the trials: the pre-flight mismatches a ``--force``
+        run went on with, then each learned constraint with its evidence."""
+        forced = [f"pre-flight mismatch (run with --force): {line}" for line in self.record.preflight_mismatches]
+        return forced + [f"learned constraint: {c.describe()}" for c in self.learned_constraints()]
 
     def knee_predictor(self, checks: PreLaunch | None = None) -> Callable[[ServeConfig], int] | None:
         """A configuration's KV knee (the feasibility model's max concurrency), for a ladder stepped by it.

@@ -8,6 +8,7 @@ argument the parser refuses, 1 for a failed start or an engine that died, 0 afte
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -35,7 +36,7 @@ from tuner.engines.emulated.vllm_cli import (
 )
 from tuner.engines.emulated.vllm_log import VllmLog
 
-__all__ = ["main", "resolve_checkpoint", "resolve_truth"]
+__all__ = ["main", "resolve_checkpoint", "resolve_truth", "unreadable_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,23 @@ def resolve_checkpoint(settings: EmulatorSettings, model: str, profile: Hardware
         if model in (ckpt.repo, ckpt.name):
             return ckpt
     return load_checkpoint(profile.server.checkpoint)
+
+
+def unreadable_checkpoint(model: str) -> tuple[str, str] | None:
+    """What vLLM's config step raises for a local checkpoint folder whose config cannot be read: (exception,
+    message), as transformers words it; None when ``model`` is no local folder (a catalog or hub name: the
+    emulated node loads no weights) or its config reads."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    config = folder / "config.json"
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except ValueError:
+        return "OSError", f"It looks like the config file at '{config}' is not a valid JSON file."
+    except OSError as exc:
+        return type(exc).__name__, str(exc)
+    return None
 
 
 def _traceback(kind: str, message: str) -> None:
@@ -98,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "[type=value_error]"))
     except ServeArgsError as exc:
         _traceback(exc.kind, exc.message)
+        return 1
+    unreadable = unreadable_checkpoint(config.model)
+    if unreadable is not None:
+        _traceback(*unreadable)
         return 1
     frontend = Frontend.from_namespace(ns, os.environ.get("VLLM_API_KEY"))
     profile = load_profile(settings.hardware)
