@@ -15,5 +15,11 @@ VLLM_CMD=${VLLM_CMD:-python3 -m vllm.entrypoints.cli.main}
 STUDY=${STUDY:-h200x1-tiny}
 RUNS=$STAGE/runs
 mkdir -p "$OUT" "$STAGE"
+# One API key for every launch of every call while the machine stays warm (issue 31: vLLM 0.26 hashes
+# VLLM_API_KEY into its compile-cache key, so a key drawn per process made every call compile again).
+# Drawn on the machine, kept in the stage, never written into $OUT.
+[ -s "$STAGE/api_key" ] || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$STAGE/api_key"
+export DSV4_TUNE_API_KEY
+DSV4_TUNE_API_KEY=$(cat "$STAGE/api_key")
 # one line per phase, epoch seconds: what collect.py turns into the GPU-time table
 mark() { echo "$(date +%s) $*" >> "$STAGE/timeline.txt"; }
