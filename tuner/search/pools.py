@@ -95,7 +95,7 @@ def layout_gpus(layout: PdLayout) -> dict[str, int]:
 def _member_args(shared: Mapping[str, Any], layout: PdLayout, role: str) -> dict[str, Any]:
     pool = layout.pool(role)
     shape = pool.shape()
-    args = {k: v for k, v in shared.items() if k not in TOPOLOGY_OPTIONS}
+    args = {k: v for k, v in json.loads(json.dumps(dict(shared))).items() if k not in TOPOLOGY_OPTIONS}
     if role == "prefill":
         args.pop(SPECULATIVE_OPTION, None)  # the prefill pool emits one token a request: nothing to draft
     args["tensor-parallel-size"] = shape.tp
