@@ -21,7 +21,8 @@ from tuner.search.space import build_config
 __all__ = ["PriorPlan", "format_prior", "prior_plan"]
 
 _SHOWN = ("disaggregation", "topology", "moe-backend", "all2all-backend", "enable-eplb", "max-num-seqs",
-          "max-num-batched-tokens", "gpu-memory-utilization", "compilation-config.cudagraph_mode", "speculative.draft_tokens")
+          "max-num-batched-tokens", "gpu-memory-utilization", "compilation-config.cudagraph_mode",
+          "speculative.draft_tokens")
 
 
 @dataclass(frozen=True)
