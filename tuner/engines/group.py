@@ -351,8 +351,10 @@ def build_group(engine: Engine, command: Sequence[str], model: str, launch: Disa
         commands[member.name] = {"argv": engine.redact_argv(argv), "port": member_port, "role": member.role,
                                  "gpus": list(member.gpus)}
     router_port = port or free_port(host)
+    # The router waits for its workers on its own clock from its own start, and gives up; the members are
+    # waited for one after another, each with the full ready timeout: the router must outwait them all.
     argv = router_argv(launch.router, launch, urls, host=host, port=router_port, metrics_port=free_port(host),
-                       startup_timeout_s=ready_timeout_s)
+                       startup_timeout_s=ready_timeout_s * (len(members) + 1))
     router_dir = workdir / "router"
     spec = LaunchSpec(argv=argv, env={}, host=host, port=router_port, workdir=router_dir,
                       ready_timeout_s=ready_timeout_s, startup_stall_s=None, engine=None)
