@@ -172,8 +172,10 @@ def test_pool_metrics_read_each_pool_apart_and_the_transfer() -> None:
                       _sample("vllm:request_queue_time_seconds_sum", pool, waited * 10 * scale)]
         return dict(items)
 
-    gauges = [dict([_sample("vllm:kv_cache_usage_perc", "prefill", 0.1), _sample("vllm:kv_cache_usage_perc", "decode", 0.7),
-                    _sample("vllm:num_requests_running", "decode", 40), _sample("vllm:num_requests_waiting", "prefill", 9)])]
+    gauges = [dict([_sample("vllm:kv_cache_usage_perc", "prefill", 0.1),
+                    _sample("vllm:kv_cache_usage_perc", "decode", 0.7),
+                    _sample("vllm:num_requests_running", "decode", 40),
+                    _sample("vllm:num_requests_waiting", "prefill", 9)])]
     window = PoolMetrics(VLLM_METRICS).window(page(1), page(2), gauges)
     assert window["facts"]["prompt_tokens"] == 1000 and window["facts"]["generation_tokens"] == 500
     assert window["facts"]["kv_usage_max"] == pytest.approx(0.7) and window["facts"]["waiting_max"] == 9
@@ -233,11 +235,11 @@ def test_an_emulated_decode_member_receives_the_prompt_and_computes_only_its_las
 
 
 def test_the_prior_ranks_layouts_and_more_prefill_serves_more_prompts(h200: Any) -> None:
+    from tuner.engines.emulated import NOMINAL
     from tuner.predict import space_table
     from tuner.predict.disagg import pd_bench
     from tuner.predict.fluid import Shape
     from tuner.predict.steptime import coefficient_arrays
-    from tuner.engines.emulated import NOMINAL
 
     small = _reduced(h200)
     table = space_table(small, load_checkpoint("0731"), LONG)
@@ -258,7 +260,7 @@ def test_the_prior_ranks_layouts_and_more_prefill_serves_more_prompts(h200: Any)
 def _reduced(profile: Any) -> Any:
     """h200x8 with one value per shared lever: the layouts and a few aggregated topologies."""
     data = profile.model_dump(by_alias=True, exclude_none=True)
-    for name, lever in data["levers"].items():
+    for lever in data["levers"].values():
         if lever.get("choices"):
             lever["choices"] = lever["choices"][:1]
             lever.pop("env_for", None)
