@@ -30,5 +30,5 @@ except md.PackageNotFoundError:
     (d / "RECORD").write_text("")
     print("wrote", d.name)
 PYEOF
-python -m pip install -q -e "${DSV4_EXTRAS:-.[test,demo,ray,postgres]}"
+python -m pip install -q -e "${DSV4_EXTRAS:-.[test,demo,ray,postgres,pd]}"
 python -c "import vllm, tuner; print('vllm', vllm.__version__, '| dsv4-tune ready')"

@@ -117,7 +117,7 @@ def test_each_member_gets_its_connector_role_and_the_router_fronts_them(h200: An
     launch = build_config(h200, _baseline(h200, "pd-4p4d")).disaggregation
     assert launch is not None
     prefill, decode = launch.members
-    assert kv_transfer_config(launch, prefill) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    assert kv_transfer_config(launch, prefill) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
     example = type(launch)(layout="1p1d", connector="ExampleConnector", connector_config={}, router="vllm-router",
                            members=launch.members)
     assert kv_transfer_config(example, prefill, {"shared_storage_path": "/x"})["kv_role"] == "kv_producer"

@@ -76,8 +76,9 @@ def _python_of(command: Sequence[str]) -> str | None:
     return None
 
 
-def connector_problem(connector: str, command: Sequence[str], *, timeout_s: float = 60.0) -> str | None:
-    """Why ``connector`` cannot run under the engine ``command`` (its Python module missing), or None."""
+def connector_problem(connector: str, command: Sequence[str], *, env: Mapping[str, str] | None = None,
+                      timeout_s: float = 60.0) -> str | None:
+    """Why ``connector`` cannot run under the engine ``command`` with ``env`` (its Python module missing), or None."""
     module = CONNECTOR_MODULES.get(connector)
     if module is None:
         return None
@@ -87,7 +88,7 @@ def connector_problem(connector: str, command: Sequence[str], *, timeout_s: floa
     code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 3)"
     try:
         done = subprocess.run([python, "-c", code], capture_output=True, timeout=timeout_s, check=False,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode == 0:
@@ -323,7 +324,8 @@ def build_group(engine: Engine, command: Sequence[str], model: str, launch: Disa
     emulates both.
     """
     problems = [p for p in (router_problem(launch.router),
-                            connector_problem(launch.connector, command) if check_installed else None) if p]
+                            connector_problem(launch.connector, command, env=env) if check_installed else None)
+                if p]
     if problems:
         raise UsageError("; ".join(problems))
     members: list[GroupMember] = []

@@ -26,10 +26,9 @@ from tuner.search.profile import POOL_ROLES, SPECULATIVE_OPTION, HardwareProfile
 __all__ = ["KV_ROLES", "Disaggregated", "PoolMember", "disaggregated", "kv_transfer_config", "layout_gpus"]
 
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
-"""``kv_role`` of each pool, for a connector with a direction (ExampleConnector, P2pNcclConnector)."""
-BOTH_WAYS = frozenset({"NixlConnector", "NixlPullConnector", "NixlPushConnector", "MooncakeConnector",
-                       "MoRIIOConnector"})
-"""Connectors whose members all run ``kv_role: kv_both`` (vLLM's disaggregated-serving examples)."""
+"""``kv_role`` of each pool. vLLM 0.32 deprecates ``kv_both`` for NixlConnector ("Please set
+kv_role='kv_producer' for prefill instances and kv_role='kv_consumer' for decode instances", logged by a CPU
+pair started with it), and ExampleConnector needs the direction."""
 TOPOLOGY_OPTIONS = ("tensor-parallel-size", "data-parallel-size", "enable-expert-parallel")
 
 
@@ -138,8 +137,7 @@ def disaggregated(profile: HardwareProfile, layout_name: str, shared: Mapping[st
 def kv_transfer_config(launch: Disaggregated, member: PoolMember, extra: Mapping[str, Any] | None = None
                        ) -> dict[str, Any]:
     """The ``--kv-transfer-config`` of one member: the connector, its role, and the extra config."""
-    role = "kv_both" if launch.connector in BOTH_WAYS else KV_ROLES[member.role]
-    config: dict[str, Any] = {"kv_connector": launch.connector, "kv_role": role}
+    config: dict[str, Any] = {"kv_connector": launch.connector, "kv_role": KV_ROLES[member.role]}
     merged = {**launch.connector_config, **(extra or {})}
     if merged:
         config["kv_connector_extra_config"] = merged
