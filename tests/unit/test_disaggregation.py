@@ -268,3 +268,33 @@ def _reduced(profile: Any) -> Any:
     data["speculative"]["draft_tokens"]["choices"] = [0]
     data["baselines"] = []
     return type(profile).model_validate(data)
+
+
+def test_export_writes_a_launch_for_every_member_and_the_routers_command(h200: Any, tmp_path: Path) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    from tuner.engines import VllmEngine
+    from tuner.export import _write_pools
+
+    config = build_config(h200, _baseline(h200, "pd-4p4d"))
+    assert config.disaggregation is not None
+    study = SimpleNamespace(profile=h200, engine=VllmEngine(),
+                            record=SimpleNamespace(name="night", server_cmd="vllm"))
+    _write_pools(tmp_path, study, config.to_json()["disaggregation"], "# head\n", "head", {"A": "1"},  # type: ignore[arg-type]
+                 "deepseek-ai/DeepSeek-V4-Flash-0731", "dsv4")
+    prefill = yaml.safe_load((tmp_path / "members" / "prefill-0.yaml").read_text())
+    decode = yaml.safe_load((tmp_path / "members" / "decode-0.yaml").read_text())
+    assert prefill["port"] == 8100 and prefill["tensor-parallel-size"] == 4
+    assert prefill["kv-transfer-config"] == {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+    assert decode["port"] == 8200 and decode["kv-transfer-config"]["kv_role"] == "kv_consumer"
+    member_sh = (tmp_path / "members" / "decode-0.sh").read_text()
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7" in member_sh and '"$here/decode-0.yaml"' in member_sh
+    router = (tmp_path / "router.sh").read_text()
+    assert "--vllm-pd-disaggregation" in router and "--prefill http://127.0.0.1:8100" in router
+    assert "--decode http://127.0.0.1:8200" in router and "--port 8000" in router
+    serve = (tmp_path / "serve.sh").read_text()
+    assert "members/prefill-0.sh" in serve and "members/decode-0.sh" in serve and "router.sh" in serve
+    assert not (tmp_path / "profile.yaml").exists()
+    for script in ("serve.sh", "router.sh", "members/prefill-0.sh"):
+        subprocess.run(["bash", "-n", str(tmp_path / script)], check=True)
