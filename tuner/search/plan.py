@@ -22,6 +22,7 @@ from tuner.search.checkpoints import Checkpoint, WeightSplit, load_checkpoint
 from tuner.search.envelope import LadderRow, envelope, objective_for
 from tuner.search.feasibility import GIB, Feasibility, check
 from tuner.search.profile import (
+    AGGREGATED,
     DISAGG_PARAM,
     DRAFT_TOKENS_PARAM,
     TOPOLOGY_PARAM,
@@ -107,12 +108,14 @@ def space_size(profile: HardwareProfile) -> int | None:
         if lever is not None and lever.when and not all(
                 _context(profile, chosen).get(k) in v for k, v in lever.when.items()):
             return count(i + 1, chosen)
+        if name == TOPOLOGY_PARAM and chosen.get(DISAGG_PARAM, AGGREGATED) != AGGREGATED:
+            return count(i + 1, chosen)  # a prefill/decode layout's pools carry their own topology
         dom = domain(name)
         assert dom is not None
         size = dom.domain_size()
         if size is None:
             return None
-        if name in conditioning or name == TOPOLOGY_PARAM:
+        if name in conditioning or name in (TOPOLOGY_PARAM, DISAGG_PARAM):
             total = 0
             for value in _values(dom):
                 sub = count(i + 1, {**chosen, name: value})
