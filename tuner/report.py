@@ -14,6 +14,7 @@ import json
 import logging
 import warnings
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import store
-from tuner.study import Study
+from tuner.study import Confirmation, Study, Winner
 from tuner.study.guided import STOP_BELOW, load_prediction, prediction_section
 from tuner.study.study import PREVALIDATION_ATTR
 
@@ -262,7 +263,7 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                   "queue: `tuner/load/knee.py`).", "",
                   _table(["trial", "ladder top", "predicted knee", "shown"], knees), ""]
     lines += prediction_section(study_obj.path, images.get("predicted"))
-    lines += disaggregation_section(study_obj, trials, ranked)
+    lines += disaggregation_section(study_obj, trials, ranked, winner=winner, confirmations=confirmations)
     lines += _energy_section(trials)
     notes = study_obj.host_notes()
     lines += ["## The host: pre-flight and learned constraints", "",
@@ -295,14 +296,15 @@ def _pool_rows(metrics: dict[str, Any]) -> list[list[str]]:
     both = [pools.get(pool) or {} for pool in ("prefill", "decode")]
     rows.append(["p95 queue time ms", *(_ms((p.get("queue") or {}).get("p95_queue_ms")) for p in both)])
     for label, key in (("peak KV use", "kv_usage_max"), ("peak running requests", "running_max"),
-                       ("peak waiting requests", "waiting_max"), ("prompt tokens computed", "prompt_tokens"),
+                       ("peak waiting requests", "waiting_max"), ("prompt tokens", "prompt_tokens"),
                        ("tokens generated", "generation_tokens")):
         show = _share if key == "kv_usage_max" else _ms
         rows.append([label, *(show((p.get("facts") or {}).get(key)) for p in both)])
     return rows
 
 
-def disaggregation_section(study_obj: Study, trials: list[FrozenTrial], ranked: list[FrozenTrial]) -> list[str]:
+def disaggregation_section(study_obj: Study, trials: list[FrozenTrial], ranked: list[FrozenTrial], *,
+                           winner: Winner | None = None, confirmations: Sequence[Confirmation] = ()) -> list[str]:
     """Prefill/decode launches (issue 27): each one's pools side by side, and which kind won, by how much."""
     launches: list[tuple[FrozenTrial, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
     for t in trials:
@@ -328,9 +330,22 @@ def disaggregation_section(study_obj: Study, trials: list[FrozenTrial], ranked: 
         first, second = (pd, agg) if float(pd.value or 0) >= float(agg.value or 0) else (agg, pd)
         kind = "disaggregated" if first is pd else "aggregated"
         ratio = float(first.value or 0) / float(second.value or 1) if second.value else float("inf")
-        lines += [f"**{kind.capitalize()} won**: the best {kind} launch, trial {first.number}, reached {obj.metric} "
-                  f"{float(first.value or 0):.3g}, {ratio:.2f}× the best of the other kind (trial {second.number}, "
-                  f"{float(second.value or 0):.3g}); screening values, before confirmation.", ""]
+        lines += [f"**{kind.capitalize()} won the screening**: the best {kind} launch, trial {first.number}, reached "
+                  f"{obj.metric} {float(first.value or 0):.3g}, {ratio:.2f}× the best of the other kind (trial "
+                  f"{second.number}, {float(second.value or 0):.3g}).", ""]
+        verdicts = {c.trial: c for c in confirmations if c.control_of is None}
+        for t in (first, second):
+            c = verdicts.get(t.number)
+            if c is not None:
+                lines.append(f"- its confirmation, trial {t.number}: repeats "
+                             f"{', '.join(f'{v:.3g}' for v in c.values) or 'none'}, "
+                             + (f"confirmed at median {c.median:.3g}" if c.accepted else f"rejected: {c.reason}"))
+        if winner is not None:
+            won = "disaggregated" if winner.trial in pd_trials else "aggregated"
+            state = "confirmed" if winner.confirmed else "not confirmed"
+            lines.append(f"- **the night's winner** ({state}): trial {winner.trial}, {won}, {obj.metric} "
+                         f"{winner.value:.3g}")
+        lines.append("")
     elif by_kind:
         only = next(iter(by_kind))
         lines += [f"Only {only} launches met the SLOs; no comparison of the two kinds.", ""]

@@ -298,3 +298,18 @@ def test_export_writes_a_launch_for_every_member_and_the_routers_command(h200: A
     assert not (tmp_path / "profile.yaml").exists()
     for script in ("serve.sh", "router.sh", "members/prefill-0.sh"):
         subprocess.run(["bash", "-n", str(tmp_path / script)], check=True)
+
+
+def test_a_baseline_without_a_layout_is_enqueued_as_one_server(h200: Any) -> None:
+    """Enqueued with its values, a baseline's missing parameter is drawn by the sampler: a one-server recipe must
+    say ``aggregated`` (a rehearsal launched recipe-tp8 as a random layout before it did)."""
+    import optuna
+
+    from tuner.backends.storage import ask_fixed
+
+    values = _baseline(h200, "recipe-tp8")
+    assert values[DISAGG_PARAM] == "aggregated"
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(5):
+        config = suggest(h200, ask_fixed(study, values, {}))
+        assert config.disaggregation is None and config.args["tensor-parallel-size"] == 8

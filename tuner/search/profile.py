@@ -398,6 +398,20 @@ class HardwareProfile(_Strict):
                 return {**data, "server": {**server, "workload_scale": "demo"}}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_baseline_without_a_layout_is_aggregated(cls, data: object) -> object:
+        """A baseline that names no ``disaggregation`` value is one server (``aggregated``), as written before
+        the lever existed: said explicitly, so a study that enqueues it never lets the sampler draw a layout."""
+        if not isinstance(data, Mapping):
+            return data
+        section, baselines = data.get("disaggregation"), data.get("baselines")
+        if not isinstance(section, Mapping) or section.get("aggregated") is False or not isinstance(baselines, list):
+            return data
+        filled = [{**b, "values": {DISAGG_PARAM: AGGREGATED, **(b.get("values") or {})}}
+                  if isinstance(b, Mapping) and DISAGG_PARAM not in (b.get("values") or {}) else b for b in baselines]
+        return {**data, "baselines": filled}
+
     @model_validator(mode="after")
     def _references_exist(self) -> HardwareProfile:
         for problem in profile_problems(self):

@@ -83,7 +83,7 @@ def pools(folder: Path) -> str:
     facts = best["pool_facts"]
     rows = [("p95 queue time ms", "queue_p95_ms", ",.0f"), ("peak KV use", "kv_usage_max", ".0%"),
             ("peak running requests", "running_max", ",.0f"), ("peak waiting requests", "waiting_max", ",.0f"),
-            ("prompt tokens computed", "prompt_tokens", ",.0f"), ("tokens generated", "generation_tokens", ",.0f")]
+            ("prompt tokens", "prompt_tokens", ",.0f"), ("tokens generated", "generation_tokens", ",.0f")]
     lines = [f"| trial {best['trial']}, {best['layout']} | prefill pool ({best['pools']['prefill']}) | decode pool "
              f"({best['pools']['decode']}) |", "|---|---:|---:|"]
     lines += [f"| {label} | {_num(facts['prefill'].get(key), spec)} | {_num(facts['decode'].get(key), spec)} |"
