@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from tests.ci_parts import vllm_cli
+from tests.cpu_server import vocab_size
 from tuner.demo_model import write_demo_model
 from tuner.guards import load_suite
 from tuner.objective import load_objective
@@ -35,7 +36,7 @@ def write_profile(folder: Path, connector: str, env: Mapping[str, str] | None = 
         "server": {"ready_timeout_s": 300, "fixed": {"max-model-len": 2048, "enforce-eager": True,
                                                       "dtype": "bfloat16", "block-size": 32, **DSV4},
                    "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}},
-        "levers": {"enable-prefix-caching": {"choices": [True]}},
+        "levers": {"enable-prefix-caching": {"choices": [False, True]}},
         "disaggregation": {"connector": connector, "router": "vllm-router", "aggregated": False, "layouts": {
             "1p1d": {"prefill": {"topology": "tp1", "max-num-seqs": 4},
                      "decode": {"topology": "tp1", "max-num-seqs": 8}},
@@ -48,16 +49,20 @@ def write_profile(folder: Path, connector: str, env: Mapping[str, str] | None = 
 
 
 def run_layout(root: Path, layout: str, *, connector: str = "ExampleConnector", env: Mapping[str, str] | None = None,
-               trial: int = 0) -> tuple[TrialOutcome, Path]:
+               trial: int = 0, prefix_caching: bool = False) -> tuple[TrialOutcome, Path]:
     """One trial of ``layout``: the demo model's two servers and the router, the DSV4 gates, the long-context
-    objective's demo load. Returns the outcome and the trial's folder."""
+    objective's demo load. Returns the outcome and the trial's folder.
+
+    Prefix caching is off by default: vLLM 0.32's ExampleConnector writes a prompt's whole KV into the decode
+    server's blocks even where that server's own prefix cache already holds the first ones, and its engine dies
+    on the shape mismatch (measured: ``benchmarks/bench_pd_cpu.py``)."""
     cli = vllm_cli()
     assert cli is not None, "vLLM's CLI is not installed"
     model = write_demo_model(root / "demo")
     profile = load_profile(str(write_profile(root, connector, env)))
     objective = load_objective("long-context").at_scale("demo")
     ctx = TrialContext(server_cmd=[cli], model=str(model), objective=objective, ready_timeout_s=300,
-                       served_model_name="demo", guards=load_suite(list(GATES)))
-    config = build_config(profile, {DISAGG_PARAM: layout, "enable-prefix-caching": True})
+                       served_model_name="demo", guards=load_suite(list(GATES)), vocab_size=vocab_size(model))
+    config = build_config(profile, {DISAGG_PARAM: layout, "enable-prefix-caching": prefix_caching})
     tdir = root / connector / "trials" / f"{trial:04d}"
     return run_trial(ctx, config, tdir), tdir

@@ -313,3 +313,13 @@ def test_a_baseline_without_a_layout_is_enqueued_as_one_server(h200: Any) -> Non
     for _ in range(5):
         config = suggest(h200, ask_fixed(study, values, {}))
         assert config.disaggregation is None and config.args["tensor-parallel-size"] == 8
+
+
+def test_a_dead_members_line_is_its_error_not_its_shutdown_noise() -> None:
+    from tuner.engines.group import last_line
+
+    log = ("(Worker pid=1) ERROR [multiproc_executor.py:1063] RuntimeError: shape mismatch: value tensor of shape "
+           "[608, 2, 128] cannot be broadcast\n(EngineCore pid=2) ERROR EngineCore encountered a fatal error.\n"
+           "  warnings.warn('resource_tracker: There appear to be %d '\n")
+    assert "RuntimeError: shape mismatch" in last_line(log)
+    assert last_line("INFO ready\nINFO stopping\n") == "INFO stopping"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -141,9 +142,18 @@ class GroupMember:
         return "the router" if self.role == "router" else f"{self.name} ({self.role} pool)"
 
 
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): \S")
+
+
 def last_line(text: str) -> str:
-    """The last non-blank line of a log (what a member said before it died)."""
+    """What a member said before it died: its last error line (``RuntimeError: ...``), else its last line.
+
+    A vLLM engine that dies still shuts its API server down cleanly, so the log ends with shutdown noise
+    (a resource tracker's warning); the exception that killed it comes before."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    if errors:
+        return errors[-1][:300]
     return lines[-1][:300] if lines else "(its log is empty)"
 
 
