@@ -42,15 +42,16 @@ def _round(value: Any) -> Any:
     return round(value, 3) if isinstance(value, float) else value
 
 
-def measure(connector: str, root: Path, env: dict[str, str]) -> dict[str, Any]:
+def measure(connector: str, root: Path, env: dict[str, str], *, prefix_caching: bool, trial: int) -> dict[str, Any]:
     started = time.monotonic()
-    outcome, tdir = run_layout(root, "1p1d", connector=connector, env=env)
+    outcome, tdir = run_layout(root, "1p1d", connector=connector, env=env, prefix_caching=prefix_caching, trial=trial)
     guards = json.loads((tdir / "guards.json").read_text()) if (tdir / "guards.json").is_file() else {}
     metrics = json.loads((tdir / "server_metrics.json").read_text()) if (tdir / "server_metrics.json").is_file() \
         else {}
     pools = metrics.get("pools") or {}
     return {
-        "connector": connector, "served": outcome.ready_s is not None, "ok": outcome.ok,
+        "connector": connector, "prefix_caching": prefix_caching, "served": outcome.ready_s is not None,
+        "ok": outcome.ok,
         "failure_class": outcome.failure_class, "reason": outcome.reason[:400],
         "gates_passed": guards.get("passed"), "wall_s": round(time.monotonic() - started, 1),
         "summary": {k: _round(outcome.summary.get(k)) for k in SUMMARY_KEYS},
@@ -63,16 +64,19 @@ def measure(connector: str, root: Path, env: dict[str, str]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nixl-path", type=Path, help="a folder holding the nixl and nixl-cu12 wheels' files")
-    parser.add_argument("--connectors", default="ExampleConnector,NixlConnector")
+    parser.add_argument("--connectors", default="ExampleConnector,NixlConnector,ExampleConnector+prefix-caching",
+                        help="comma list; '+prefix-caching' turns prefix caching on for that row")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pd-cpu-") as tmp:
-        for connector in args.connectors.split(","):
+        for trial, row in enumerate(args.connectors.split(",")):
+            connector, _, flag = row.partition("+")
             env = {"PYTHONPATH": str(args.nixl_path)} if connector.startswith("Nixl") and args.nixl_path else {}
             try:
-                rows.append(measure(connector, Path(tmp), env))
+                rows.append(measure(connector, Path(tmp), env, prefix_caching=flag == "prefix-caching", trial=trial))
             except Exception as exc:  # a connector that cannot even be set up is a row, with why
-                rows.append({"connector": connector, "served": False, "ok": False, "failure_class": "setup",
+                rows.append({"connector": connector, "prefix_caching": flag == "prefix-caching", "served": False,
+                             "ok": False, "failure_class": "setup",
                              "reason": f"{type(exc).__name__}: {exc}"[:400]})
             print(json.dumps(rows[-1])[:400], flush=True)
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,9 @@ def write_profile(folder: Path, connector: str, env: Mapping[str, str] | None = 
                    "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}},
         "levers": {"enable-prefix-caching": {"choices": [False, True]}},
         "disaggregation": {"connector": connector, "router": "vllm-router", "aggregated": False, "layouts": {
-            "1p1d": {"prefill": {"topology": "tp1", "max-num-seqs": 4},
+            # the prefill budget holds every concurrent prompt whole: ExampleConnector saves a prompt's KV per
+            # step, so a prompt prefilled in two chunks leaves a partial file the decode server dies on
+            "1p1d": {"prefill": {"topology": "tp1", "max-num-seqs": 4, "max-num-batched-tokens": 8192},
                      "decode": {"topology": "tp1", "max-num-seqs": 8}},
             "1p1d-bad": {"prefill": {"topology": "tp1"}, "decode": {"topology": "tp1", "options": {"block-size": 16}}},
         }},
@@ -53,9 +55,8 @@ def run_layout(root: Path, layout: str, *, connector: str = "ExampleConnector", 
     """One trial of ``layout``: the demo model's two servers and the router, the DSV4 gates, the long-context
     objective's demo load. Returns the outcome and the trial's folder.
 
-    Prefix caching is off by default: vLLM 0.32's ExampleConnector writes a prompt's whole KV into the decode
-    server's blocks even where that server's own prefix cache already holds the first ones, and its engine dies
-    on the shape mismatch (measured: ``benchmarks/bench_pd_cpu.py``)."""
+    Prefix caching is off unless asked: whether vLLM 0.32's ExampleConnector survives a decode server whose own
+    prefix cache holds a prompt's first blocks is what ``benchmarks/bench_pd_cpu.py`` measures."""
     cli = vllm_cli()
     assert cli is not None, "vLLM's CLI is not installed"
     model = write_demo_model(root / "demo")
