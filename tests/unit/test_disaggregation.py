@@ -323,3 +323,23 @@ def test_a_dead_members_line_is_its_error_not_its_shutdown_noise() -> None:
            "  warnings.warn('resource_tracker: There appear to be %d '\n")
     assert "RuntimeError: shape mismatch" in last_line(log)
     assert last_line("INFO ready\nINFO stopping\n") == "INFO stopping"
+
+
+def test_doctor_names_a_missing_router_and_connector_before_the_night(tmp_path: Path) -> None:
+    from tuner.search.preflight import Device, HostProbe, check_host
+
+    gpus = [Device("NVIDIA H200", 141.0)] * 8
+    bare = HostProbe(nvidia_devices=lambda: gpus, engine_version=lambda _e: "0.32.0",
+                     hf_snapshot=lambda _r, _v: tmp_path, free_disk_gb=lambda _p: 1e4, port_free=lambda _p: True,
+                     which=lambda _p: None, module_found=lambda _m: False)
+    found = {m.check: m for m in check_host(load_profile("h200x8"), None, None, engine="vllm", runs_dir=tmp_path,
+                                            port=None, probe=bare)}
+    assert "vllm-router" in found["router"].problem and "pip install vllm-router" in found["router"].fix
+    assert "NixlConnector" in found["connector"].problem and "pip install nixl" in found["connector"].fix
+    ready = HostProbe(nvidia_devices=lambda: gpus, engine_version=lambda _e: "0.32.0",
+                      hf_snapshot=lambda _r, _v: tmp_path, free_disk_gb=lambda _p: 1e4, port_free=lambda _p: True,
+                      which=lambda p: f"/bin/{p}", module_found=lambda _m: True)
+    checks = {m.check for m in check_host(load_profile("h200x8"), None, None, engine="vllm", runs_dir=tmp_path,
+                                          port=None, probe=ready)}
+    assert "router" not in checks and "connector" not in checks
+

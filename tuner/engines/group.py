@@ -42,21 +42,20 @@ from tuner.errors import LaunchError, UsageError
 from tuner.failures import Diagnosis, FailureClass, describe_returncode
 from tuner.load.metrics import MetricKey, parse_prometheus
 from tuner.load.pools import MEMBER_LABEL, POOL_LABEL
-from tuner.search.pools import Disaggregated, PoolMember, kv_transfer_config
+from tuner.search.pools import (
+    CONNECTOR_MODULES,
+    Disaggregated,
+    PoolMember,
+    connector_missing,
+    kv_transfer_config,
+    router_missing,
+)
 
-__all__ = ["CONNECTOR_MODULES", "POOL_LABEL", "GroupMember", "ServerGroup", "build_group", "connector_problem",
+__all__ = ["GroupMember", "ServerGroup", "build_group", "connector_problem",
            "router_argv", "router_problem"]
 
 log = logging.getLogger(__name__)
 
-CONNECTOR_MODULES: Mapping[str, str] = {
-    "NixlConnector": "nixl", "NixlPullConnector": "nixl", "NixlPushConnector": "nixl",
-    "MooncakeConnector": "mooncake", "MooncakeStoreConnector": "mooncake",
-    "LMCacheConnectorV1": "lmcache", "LMCacheMPConnector": "lmcache",
-}
-"""The Python module each connector needs beside vLLM (the others, ExampleConnector among them, need none)."""
-CONNECTOR_PACKAGES: Mapping[str, str] = {"nixl": "nixl (NVIDIA's wheel: nixl-cu12 or nixl-cu13)",
-                                         "mooncake": "mooncake-transfer-engine", "lmcache": "lmcache"}
 ROUTER_KV_CONNECTOR: Mapping[str, str] = {"MooncakeConnector": "mooncake", "MoRIIOConnector": "moriio"}
 """``vllm-router --kv-connector`` for connectors other than NIXL (its default)."""
 SHARED_STORAGE_CONNECTORS = frozenset({"ExampleConnector"})
@@ -92,11 +91,7 @@ def connector_problem(connector: str, command: Sequence[str], *, env: Mapping[st
                               stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     except (OSError, subprocess.SubprocessError):
         return None
-    if done.returncode == 0:
-        return None
-    return (f"the KV connector {connector} needs the Python module {module!r}, which {python} cannot import. "
-            f"Fix: pip install {CONNECTOR_PACKAGES.get(module, module)} into the engine's environment, or set "
-            "disaggregation.connector in the hardware profile to one that is installed")
+    return None if done.returncode == 0 else connector_missing(connector, python)
 
 
 def router_problem(router: str) -> str | None:
@@ -104,8 +99,7 @@ def router_problem(router: str) -> str | None:
     parts = shlex.split(router)
     if parts and (shutil.which(parts[0]) is not None or Path(parts[0]).is_file()):
         return None
-    return (f"the prefill/decode router {router!r} is not installed (not on PATH). Fix: pip install vllm-router "
-            "(pip install -e .[pd]), or set disaggregation.router in the hardware profile to its path")
+    return router_missing(router)
 
 
 def router_argv(router: str, launch: Disaggregated, urls: Mapping[str, str], *, host: str, port: int,

@@ -23,13 +23,36 @@ from typing import Any
 
 from tuner.search.profile import POOL_ROLES, SPECULATIVE_OPTION, HardwareProfile, PdLayout
 
-__all__ = ["KV_ROLES", "Disaggregated", "PoolMember", "disaggregated", "kv_transfer_config", "layout_gpus"]
+__all__ = ["CONNECTOR_MODULES", "KV_ROLES", "Disaggregated", "PoolMember", "connector_missing", "disaggregated",
+           "kv_transfer_config", "layout_gpus", "router_missing"]
 
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 """``kv_role`` of each pool. vLLM 0.32 deprecates ``kv_both`` for NixlConnector ("Please set
 kv_role='kv_producer' for prefill instances and kv_role='kv_consumer' for decode instances", logged by a CPU
 pair started with it), and ExampleConnector needs the direction."""
 TOPOLOGY_OPTIONS = ("tensor-parallel-size", "data-parallel-size", "enable-expert-parallel")
+CONNECTOR_MODULES: Mapping[str, str] = {
+    "NixlConnector": "nixl", "NixlPullConnector": "nixl", "NixlPushConnector": "nixl",
+    "MooncakeConnector": "mooncake", "MooncakeStoreConnector": "mooncake",
+    "LMCacheConnectorV1": "lmcache", "LMCacheMPConnector": "lmcache",
+}
+"""The Python module each connector needs beside vLLM (the others, ExampleConnector among them, need none)."""
+CONNECTOR_PACKAGES: Mapping[str, str] = {"nixl": "nixl (NVIDIA's wheel: nixl-cu12 or nixl-cu13)",
+                                         "mooncake": "mooncake-transfer-engine", "lmcache": "lmcache"}
+
+
+def connector_missing(connector: str, python: str) -> str:
+    """The error of a connector whose module ``python`` cannot import, with the fix."""
+    module = CONNECTOR_MODULES.get(connector, connector)
+    return (f"the KV connector {connector} needs the Python module {module!r}, which {python} cannot import. "
+            f"Fix: pip install {CONNECTOR_PACKAGES.get(module, module)} into the engine's environment, or set "
+            "disaggregation.connector in the hardware profile to one that is installed")
+
+
+def router_missing(router: str) -> str:
+    """The error of a router program that is not installed, with the fix."""
+    return (f"the prefill/decode router {router!r} is not installed (not on PATH). Fix: pip install vllm-router "
+            "(pip install -e .[pd]), or set disaggregation.router in the hardware profile to its path")
 
 
 @dataclass(frozen=True)
