@@ -55,8 +55,7 @@ def run_layout(root: Path, layout: str, *, connector: str = "ExampleConnector", 
     """One trial of ``layout``: the demo model's two servers and the router, the DSV4 gates, the long-context
     objective's demo load. Returns the outcome and the trial's folder.
 
-    Prefix caching is off unless asked: whether vLLM 0.32's ExampleConnector survives a decode server whose own
-    prefix cache holds a prompt's first blocks is what ``benchmarks/bench_pd_cpu.py`` measures."""
+    Prefix caching is off unless asked (``benchmarks/bench_pd_cpu.py`` runs ExampleConnector both ways)."""
     cli = vllm_cli()
     assert cli is not None, "vLLM's CLI is not installed"
     model = write_demo_model(root / "demo")

@@ -118,17 +118,19 @@ def cpu(folder: Path) -> str:
     if d is None:
         return "(no data: run benchmarks/bench_pd_cpu.py)"
     lines = ["| connector | prefix caching | served through the router | gates | goodput req/s | p95 TTFT ms | "
-             "KV transfers (p50 ms) | prompt tokens received | |", "|---|---|---|---|---:|---:|---|---:|---|"]
+             "p95 ITL ms | KV transfers (p50 ms) | prompt tokens received | trial wall s | |",
+             "|---|---|---|---|---:|---:|---:|---|---:|---:|---|"]
     for row in d["connectors"]:
         s, x = row.get("summary") or {}, row.get("transfer") or {}
         transfers = (f"{_num(x.get('transfers'))} ({_num(x.get('p50_transfer_ms'), ',.0f')})"
                      if x.get("transfers") is not None else "not exported")
-        why = "" if row["ok"] else f"failed: {row['failure_class']}: {row['reason'][:160]}"
+        why = "" if not row.get("failure_class") else f"{row['failure_class']}: {row['reason'][:160]}"
         lines.append(f"| {row['connector']} | {'on' if row.get('prefix_caching') else 'off'} | "
                      f"{'yes' if row['served'] else 'no'} | "
                      f"{'passed' if row.get('gates_passed') else 'failed' if row.get('gates_passed') is False else '–'}"
-                     f" | {_num(s.get('request_goodput'), '.2f')} | {_num(s.get('p95_ttft_ms'))} | {transfers} | "
-                     f"{_num(x.get('external_prefix_cache_hits'))} | {why} |")
+                     f" | {_num(s.get('request_goodput'), '.2f')} | {_num(s.get('p95_ttft_ms'))} | "
+                     f"{_num(s.get('p95_itl_ms'))} | {transfers} | {_num(x.get('external_prefix_cache_hits'))} | "
+                     f"{_num(row.get('wall_s'))} | {why} |")
     return "\n".join(lines)
 
 
