@@ -3,12 +3,16 @@
 - ``h200x8-long-context.json``: ``dsv4-tune rehearse --hw h200x8 --objective long-context --trials 8`` (default
   gates, the units the night picked), collected by ``collect.py``: every launch of both kinds, each layout's
   pools and KV transfer, TTFT per context bucket.
+- ``h200x8-long-context-first.json``: the same command before a baseline without a layout said ``aggregated``
+  (the sampler drew the lever for the one-server recipes: recipe-tp8 and recipe-tep were launched as layouts;
+  every row is a valid launch of what it says, so no row is named as a baseline).
 - ``cpu-connectors.json``: ``benchmarks/bench_pd_cpu.py``: the KV connectors the vLLM CPU build runs between
   two servers behind vllm-router.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -44,14 +48,14 @@ def _best(d: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return max(ranked, key=lambda t: t["value"]) if ranked else None
 
 
-def night(folder: Path) -> str:
-    d = _load(folder, NIGHT)
+def night(folder: Path, name: str = NIGHT) -> str:
+    d = _load(folder, name)
     if d is None:
         return "(no data: rehearse the night, then collect.py)"
     lines = ["| launch | kind | trial | goodput req/s (node) | at concurrency | p95 TTFT s | p95 ITL ms | |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for t in d["trials"]:
-        label = (f"baseline {t['baseline']}: " if t["baseline"] else "") + _launch(t)
+        label = (f"baseline {t['baseline']}: " if t["baseline"] and name == NIGHT else "") + _launch(t)
         value = _num(t["value"], ".2f") if t["feasible"] else f"– ({t['failure_class']})"
         ttft = t["figures"].get("p95_ttft_ms")
         mark = "**winner**" if d["winner"] and t["trial"] == d["winner"]["trial"] else ""
@@ -61,8 +65,8 @@ def night(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def kinds(folder: Path) -> str:
-    d = _load(folder, NIGHT)
+def kinds(folder: Path, name: str = NIGHT) -> str:
+    d = _load(folder, name)
     if d is None:
         return "(no data)"
     pd, agg = _best(d, "disaggregated"), _best(d, "aggregated")
@@ -70,7 +74,7 @@ def kinds(folder: Path) -> str:
         only = "disaggregated" if pd else "aggregated" if agg else "neither kind"
         return f"only {only} met the SLOs"
     first, second = (pd, agg) if pd["value"] >= agg["value"] else (agg, pd)
-    return (f"{first['kind']} won: trial {first['trial']} ({_launch(first)}) at {first['value']:.2f} req/s, "
+    return (f"{first['kind']} won the screening: trial {first['trial']} ({_launch(first)}) at {first['value']:.2f} req/s, "
             f"{first['value'] / second['value']:.2f}× the best {second['kind']} launch, trial {second['trial']} "
             f"({_launch(second)}) at {second['value']:.2f} req/s")
 
@@ -139,5 +143,8 @@ def machine(folder: Path) -> str:
     return "(no data)" if d is None else f"{d['vllm']}, {d['router']}, {d['nixl'] or 'no NIXL'}, {d['machine']}"
 
 
+FIRST = "h200x8-long-context-first.json"
 TABLES: dict[str, Callable[[Path], str]] = {"night": night, "kinds": kinds, "pools": pools, "buckets": buckets,
-                                            "cpu": cpu, "machine": machine}
+                                            "cpu": cpu, "machine": machine,
+                                            "first_night": functools.partial(night, name=FIRST),
+                                            "first_kinds": functools.partial(kinds, name=FIRST)}
