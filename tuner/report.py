@@ -14,6 +14,7 @@ import json
 import logging
 import warnings
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import store
-from tuner.study import Study
+from tuner.study import Confirmation, Study, Winner
 from tuner.study.guided import STOP_BELOW, load_prediction, prediction_section
 from tuner.study.study import PREVALIDATION_ATTR
 
@@ -262,6 +263,7 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                   "queue: `tuner/load/knee.py`).", "",
                   _table(["trial", "ladder top", "predicted knee", "shown"], knees), ""]
     lines += prediction_section(study_obj.path, images.get("predicted"))
+    lines += disaggregation_section(study_obj, trials, ranked, winner=winner, confirmations=confirmations)
     lines += _energy_section(trials)
     notes = study_obj.host_notes()
     lines += ["## The host: pre-flight and learned constraints", "",
@@ -277,6 +279,100 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                          [[t.number, t.user_attrs.get("failure_class", ""),
                            str(t.user_attrs.get("reason", ""))[:200]] for t in failed]), ""]
     return "\n".join(lines) + "\n"
+
+
+def _ms(value: Any) -> str:
+    return f"{float(value):,.0f}" if isinstance(value, (int, float)) and value == value else "–"
+
+
+def _share(value: Any) -> str:
+    return f"{float(value):.0%}" if isinstance(value, (int, float)) and value == value else "–"
+
+
+def _pool_rows(metrics: dict[str, Any]) -> list[list[str]]:
+    """One launch's pools side by side: queue time, KV use, running and waiting requests, tokens."""
+    pools = metrics.get("pools") or {}
+    rows: list[list[str]] = []
+    both = [pools.get(pool) or {} for pool in ("prefill", "decode")]
+    rows.append(["p95 queue time ms", *(_ms((p.get("queue") or {}).get("p95_queue_ms")) for p in both)])
+    for label, key in (("peak KV use", "kv_usage_max"), ("peak running requests", "running_max"),
+                       ("peak waiting requests", "waiting_max"), ("prompt tokens", "prompt_tokens"),
+                       ("tokens generated", "generation_tokens")):
+        show = _share if key == "kv_usage_max" else _ms
+        rows.append([label, *(show((p.get("facts") or {}).get(key)) for p in both)])
+    return rows
+
+
+def disaggregation_section(study_obj: Study, trials: list[FrozenTrial], ranked: list[FrozenTrial], *,
+                           winner: Winner | None = None, confirmations: Sequence[Confirmation] = ()) -> list[str]:
+    """Prefill/decode launches (issue 27): each one's pools side by side, and which kind won, by how much."""
+    launches: list[tuple[FrozenTrial, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
+    for t in trials:
+        folder = study_obj.path / str(t.user_attrs.get("trial_dir", ""))
+        if not t.user_attrs.get("trial_dir") or not (folder / "config.json").is_file():
+            continue
+        layout = store.read_json(folder / "config.json").get("disaggregation")
+        if not layout:
+            continue
+        metrics = store.read_json(folder / "server_metrics.json") if (folder / "server_metrics.json").is_file() else {}
+        outcome = store.read_json(folder / "outcome.json") if (folder / "outcome.json").is_file() else {}
+        launches.append((t, layout, metrics, outcome.get("summary") or {}))
+    if not launches:
+        return []
+    obj = study_obj.objective
+    lines = ["## Prefill/decode layouts", ""]
+    by_kind: dict[str, FrozenTrial] = {}
+    pd_trials = {t.number for t, *_ in launches}
+    for t in ranked:
+        by_kind.setdefault("disaggregated" if t.number in pd_trials else "aggregated", t)
+    if len(by_kind) == 2:
+        agg, pd = by_kind["aggregated"], by_kind["disaggregated"]
+        first, second = (pd, agg) if float(pd.value or 0) >= float(agg.value or 0) else (agg, pd)
+        kind = "disaggregated" if first is pd else "aggregated"
+        ratio = float(first.value or 0) / float(second.value or 1) if second.value else float("inf")
+        lines += [f"**{kind.capitalize()} won the screening**: the best {kind} launch, trial {first.number}, reached "
+                  f"{obj.metric} {float(first.value or 0):.3g}, {ratio:.2f}× the best of the other kind (trial "
+                  f"{second.number}, {float(second.value or 0):.3g}).", ""]
+        verdicts = {c.trial: c for c in confirmations if c.control_of is None}
+        for t in (first, second):
+            c = verdicts.get(t.number)
+            if c is not None:
+                lines.append(f"- its confirmation, trial {t.number}: repeats "
+                             f"{', '.join(f'{v:.3g}' for v in c.values) or 'none'}, "
+                             + (f"confirmed at median {c.median:.3g}" if c.accepted else f"rejected: {c.reason}"))
+        if winner is not None:
+            won = "disaggregated" if winner.trial in pd_trials else "aggregated"
+            state = "confirmed" if winner.confirmed else "not confirmed"
+            lines.append(f"- **the night's winner** ({state}): trial {winner.trial}, {won}, {obj.metric} "
+                         f"{winner.value:.3g}")
+        lines.append("")
+    elif by_kind:
+        only = next(iter(by_kind))
+        lines += [f"Only {only} launches met the SLOs; no comparison of the two kinds.", ""]
+    else:
+        lines += ["No launch of either kind met the SLOs.", ""]
+    for t, layout, metrics, summary in launches:
+        transfer = metrics.get("transfer") or {}
+        pools = layout.get("pools") or {}
+        value = f"{t.value:.3g}" if t.value is not None and t.user_attrs.get("feasible") else \
+            str(t.user_attrs.get("failure_class") or "no value")
+        lines += [f"### Trial {t.number}: {layout.get('layout')} (prefill {pools.get('prefill')}, decode "
+                  f"{pools.get('decode')}; {layout.get('connector')}): {obj.metric} {value}", ""]
+        if metrics.get("pools"):
+            lines += [_table(["figure", "prefill pool", "decode pool"], _pool_rows(metrics)), ""]
+        lines += [f"- KV transfer: {_ms(transfer.get('transfers'))} transfers, p50 "
+                  f"{_ms(transfer.get('p50_transfer_ms'))} ms, p95 {_ms(transfer.get('p95_transfer_ms'))} ms, "
+                  f"failed {_ms(transfer.get('failed_transfers'))}"
+                  f", prompt tokens received {_ms(transfer.get('external_prefix_cache_hits'))} (where the connector "
+                  "reports them)",
+                  f"- p95 TTFT {_ms(summary.get('p95_ttft_ms'))} ms, p95 ITL {_ms(summary.get('p95_itl_ms'))} ms"]
+        buckets = summary.get("ttft_by_context") or []
+        if buckets:
+            lines.append("- p95 TTFT by prompt length: " + ", ".join(
+                f"{b['prompt_tokens_above']:,}–{b['prompt_tokens_upto'] or 'max'} tokens: "
+                f"{_ms(b.get('p95_ttft_ms'))} ms ({b['requests']} requests)" for b in buckets))
+        lines.append("")
+    return lines
 
 
 def _knee_rows(study_obj: Study, trials: list[FrozenTrial]) -> list[list[object]]:

@@ -31,14 +31,17 @@ import httpx
 
 from tuner import store
 from tuner.engines import Engine, LaunchSpec, ServerProcess, choose_port, default_engine, tail
+from tuner.engines.group import ServerGroup, build_group
 from tuner.errors import LaunchError, PortInUseError, UsageError
 from tuner.failures import Diagnosis, FailureClass, describe_returncode
 from tuner.guards.api import GuardSuite, GuardTarget, NoGuards
 from tuner.load.affinity import CpuSplit, pinned
+from tuner.load.buckets import context_edges, ttft_by_context
 from tuner.load.goodput import request_goodput
 from tuner.load.ladder import Measurement, measure
-from tuner.load.metrics import parse_prometheus
+from tuner.load.metrics import ServerMetrics, parse_prometheus
 from tuner.load.poller import Poller
+from tuner.load.pools import PoolMetrics
 from tuner.load.power import PowerReader
 from tuner.load.units import Units
 from tuner.objective import Objective, Score, failed_score, score
@@ -49,6 +52,8 @@ log = logging.getLogger(__name__)
 
 LOG_TAIL_CHARS = 4000
 """How much of server.log a failed trial keeps in outcome.json."""
+Served = ServerProcess | ServerGroup
+"""One server, or a prefill/decode layout's group (its router answers; :mod:`tuner.engines.group`)."""
 
 @dataclass(frozen=True)
 class TrialContext:
@@ -112,7 +117,7 @@ class TrialOutcome:
 class _HealthWatch(Poller):
     """Polls the engine's health path during the load; trips after 3 misses in a row, or when the process exits."""
 
-    def __init__(self, server: ServerProcess, poll_s: float) -> None:
+    def __init__(self, server: Served, poll_s: float) -> None:
         super().__init__("health-watch", poll_s, join_timeout_s=10)
         self.server = server
         self.poll_s = poll_s
@@ -167,8 +172,10 @@ def _log_since(path: Path, offset: int, max_bytes: int) -> str:
         return ""
 
 
-def _crash(ctx: TrialContext, server: ServerProcess, ready_offset: int, seen: FailureClass) -> Diagnosis:
+def _crash(ctx: TrialContext, server: Served, ready_offset: int, seen: FailureClass) -> Diagnosis:
     """Why a server that was ready died (``seen``: what the health watch saw): the engine's reading of its log."""
+    if isinstance(server, ServerGroup):  # the member that died, its pool and its log's last line
+        return server.diagnose_crash(seen, ctx.engine.startup_log_bytes)
     code = server.exited()
     diag = ctx.engine.diagnose_crash(_log_since(server.log_path, ready_offset, ctx.engine.startup_log_bytes), code)
     if diag is not None:
@@ -178,8 +185,12 @@ def _crash(ctx: TrialContext, server: ServerProcess, ready_offset: int, seen: Fa
                            "ready names no cause")
 
 
-def scrape_metrics(server: ServerProcess, path: str) -> dict[Any, float]:
-    """The server's Prometheus page as {(name, labels): value}; empty (and a warning) when it cannot be read."""
+def scrape_metrics(server: Served, path: str) -> dict[Any, float]:
+    """The server's Prometheus page as {(name, labels): value}; empty (and a warning) when it cannot be read.
+
+    A prefill/decode group's is every member's page, each sample labelled with its pool."""
+    if isinstance(server, ServerGroup):
+        return server.scrape(path)
     try:
         resp = httpx.get(server.base_url + path, timeout=10.0, headers=server.headers)
         resp.raise_for_status()
@@ -189,7 +200,9 @@ def scrape_metrics(server: ServerProcess, path: str) -> dict[Any, float]:
     return dict(parse_prometheus(resp.text))
 
 
-def _server_version(server: ServerProcess, path: str) -> str | None:
+def _server_version(server: Served, path: str) -> str | None:
+    if isinstance(server, ServerGroup):  # the router answers no /version: ask a member
+        server = server.members[0].process
     try:
         resp = httpx.get(server.base_url + path, timeout=5.0, headers=server.headers)
         return str(resp.json().get("version")) if resp.status_code == 200 else None
@@ -215,11 +228,16 @@ def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, started: float,
 
 
 def _with_goodput(objective: Objective, run: Measurement, units: Units) -> dict[str, Any]:
-    """The chosen step's summary, with its goodput (node units) and, for a knee-sized ladder, the knee's verdict."""
+    """The chosen step's summary, with its goodput (node units), its TTFT per context bucket (prompts of a range
+    of lengths) and, for a knee-sized ladder, the knee's verdict."""
     summary = dict(run.summary)
     if objective.goodput_slos and run.steps:
         chosen = run.steps[run.chosen if run.chosen is not None else -1]
         summary["request_goodput"] = request_goodput(chosen.result, objective.goodput_slos, units)
+    edges = context_edges(objective.workload)
+    if edges and run.steps:
+        chosen = run.steps[run.chosen if run.chosen is not None else -1]
+        summary["ttft_by_context"] = ttft_by_context(chosen.result.records, edges, units)
     if run.steps:  # where confirmation steps down to when a repeat misses an SLO at the chosen step
         summary["feasible_concurrencies"] = sorted(s.concurrency for s in run.steps if s.feasible)
     if run.knee is not None:
@@ -233,6 +251,22 @@ def _median_index(values: list[float]) -> int:
     """Index of the (lower) median value: the repeat whose summary stands for the trial."""
     order = sorted(range(len(values)), key=lambda i: values[i])
     return order[(len(order) - 1) // 2]
+
+
+def launch_group(ctx: TrialContext, config: ServeConfig, tdir: Path, *, port: int) -> ServerGroup:
+    """The servers of a prefill/decode layout and its router (:mod:`tuner.engines.group`), not started.
+
+    Each member gets the configuration's environment and its own CPU binding; no API key (the router cannot
+    pass one: :mod:`tuner.engines.group`). A missing router or connector is a :class:`UsageError` naming the fix.
+    """
+    assert config.disaggregation is not None
+    split = ctx.cpu_split
+    return build_group(ctx.engine, ctx.server_cmd, ctx.model, config.disaggregation, tdir, host=ctx.host,
+                       served_model_name=ctx.served_model_name, env=dict(config.env),
+                       member_env=lambda m: {**ctx.engine.server_env(split, m.args), **config.env},
+                       ready_timeout_s=ctx.ready_timeout_s, startup_stall_s=ctx.startup_stall_s,
+                       cpus=split.server if split else None, port=port,
+                       check_installed=ctx.engine.name != "emulated")
 
 
 def launch_argv(ctx: TrialContext, config: ServeConfig, *, port: int) -> list[str]:
@@ -263,18 +297,27 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
         ctx = dataclasses.replace(ctx, objective=ctx.objective.for_knee(knee))
     api_key = ctx.api_key or secrets.token_urlsafe(24)
     port = choose_port(ctx.host, ctx.port)
-    argv = launch_argv(ctx, config, port=port)
     split = ctx.cpu_split
-    # The profile's own environment wins over the computed binding (a hand-written TP/DP layout).
-    env = {**ctx.engine.server_env(split, config.args), **config.env, ctx.engine.api_key_env: api_key}
     store.write_json(tdir / "config.json", config.to_json())
-    store.write_json(tdir / "command.json", {"argv": ctx.engine.redact_argv(argv), "env": store.safe_env(env),
-                                             "port": port, "host": ctx.host,
-                                             "cpus": split.to_json() if split else None})
-    spec = LaunchSpec(argv=argv, env=env, host=ctx.host, port=port, workdir=tdir,
-                      ready_timeout_s=ctx.ready_timeout_s, startup_stall_s=ctx.startup_stall_s, api_key=api_key,
-                      model_name=ctx.served_model_name, cpus=split.server if split else None, engine=ctx.engine)
-    server = ServerProcess(spec)
+    server: Served
+    server_metrics_map: ServerMetrics = ctx.engine.metrics
+    if config.disaggregation is not None:
+        server = launch_group(ctx, config, tdir, port=port)
+        server_metrics_map = PoolMetrics(ctx.engine.metrics)
+        store.write_json(tdir / "command.json", {"group": server.commands, "env": store.safe_env(dict(config.env)),
+                                                 "port": port, "host": ctx.host, "layout": config.disaggregation.layout,
+                                                 "cpus": split.to_json() if split else None})
+    else:
+        argv = launch_argv(ctx, config, port=port)
+        # The profile's own environment wins over the computed binding (a hand-written TP/DP layout).
+        env = {**ctx.engine.server_env(split, config.args), **config.env, ctx.engine.api_key_env: api_key}
+        store.write_json(tdir / "command.json", {"argv": ctx.engine.redact_argv(argv), "env": store.safe_env(env),
+                                                 "port": port, "host": ctx.host,
+                                                 "cpus": split.to_json() if split else None})
+        spec = LaunchSpec(argv=argv, env=env, host=ctx.host, port=port, workdir=tdir,
+                          ready_timeout_s=ctx.ready_timeout_s, startup_stall_s=ctx.startup_stall_s, api_key=api_key,
+                          model_name=ctx.served_model_name, cpus=split.server if split else None, engine=ctx.engine)
+        server = ServerProcess(spec)
     try:
         phase("launch")
         # The tuner's side (readiness polls, guards, load) runs on the client cores from here on.
@@ -321,7 +364,7 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                     run = measure(server.base_url, ctx.served_model_name, ctx.objective,
                                   vocab_size=ctx.vocab_size, api_key=api_key, should_stop=stop_load,
                                   scrape=lambda: scrape_metrics(server, ctx.engine.metrics_path), power=ctx.power,
-                                  server_metrics=ctx.engine.metrics, first_job=next_job,
+                                  server_metrics=server_metrics_map, first_job=next_job,
                                   units=ctx.engine.units, knee=knee)
                     next_job = run.next_job
                     runs.append(run)

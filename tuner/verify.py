@@ -79,6 +79,10 @@ def verify_export(study: Study, *, repeats: int | None = None,
     if not serve_sh.is_file() or not identity_path.is_file():
         raise StudyError(f"{best} has no serve.sh/identity.json. Fix: `dsv4-tune export {study.record.name}` first")
     identity = store.read_json(identity_path)
+    if identity.get("disaggregation"):
+        raise StudyError(f"{best} is a prefill/decode layout ({identity['disaggregation'].get('layout')}): verify "
+                         "serves one server's launch file and cannot serve a layout yet (issue 27). Fix: start "
+                         "best/serve.sh (every member and the router) and measure it with the study's objective")
     ostudy = study.optuna_study()
     winner = study.winner(ostudy)
     if winner is None or winner.trial != identity.get("trial"):

@@ -49,7 +49,8 @@ def test_space_size_honours_conditions() -> None:
     assert size is not None
     no_ep, ep = 3, 4  # tp8, tp4-dp2, tp2-dp4 vs the EP shapes
     rest = 4 * 3 * 4 * 3 * 3 * 2 * 4
-    assert size == no_ep * rest + ep * rest * 3 * 2
+    layouts = 3 * 4 * 3 * 3 * 2 * 4  # 4p4d, 2p6d, 6p2d: no topology, seats or budget of their own to draw
+    assert size == no_ep * rest + ep * rest * 3 * 2 + layouts
 
 
 def test_plan_is_deterministic() -> None:

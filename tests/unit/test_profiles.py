@@ -105,12 +105,16 @@ def test_capture_sizes_follow_seqs_and_draft(name: str) -> None:
         source = RandomParams(7)
         for _ in range(50):
             config = suggest(profile, source)
-            compilation = config.args.get("compilation-config", {})
-            size = compilation.get(CAPTURE_OPTION.split(".")[1])
-            assert size is not None
-            q = 1 + config.draft_tokens
-            assert size % q == 0
-            assert size <= max(q, config.args["max-num-seqs"] * q)
+            # a prefill/decode layout's servers each size their graphs by their own seats (issue 27)
+            launches = [config.args] if config.disaggregation is None else \
+                [m.args for m in config.disaggregation.members]
+            for args in launches:
+                compilation = args.get("compilation-config", {})
+                size = compilation.get(CAPTURE_OPTION.split(".")[1])
+                assert size is not None
+                q = 1 + (config.draft_tokens if "speculative-config" in args else 0)
+                assert size % q == 0
+                assert size <= max(q, args["max-num-seqs"] * q)
 
 
 def test_capture_size_for() -> None:

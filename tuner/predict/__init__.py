@@ -9,6 +9,8 @@
     correction.py  the correction factors refitted after each launch (backend, topology, speculation, node)
     guide.py       the prior's ranking and diverse top picks (:class:`Predictor`); the corrected model's
                    next launch and the chance to beat the winner (:class:`Guide`)
+    disagg.py      a prefill/decode layout's figures: two pools and the KV transfer between them (it
+                   replaces those rows' figures in the wave model; issue 27)
 
 Pure code below the study: no Optuna, no I/O. ``tuner.study.guided`` joins it to a study.
 """
@@ -19,6 +21,7 @@ import functools
 
 from tuner.engines.emulated import UnknownDeviceError
 from tuner.objective import Objective
+from tuner.predict import disagg as _disagg  # noqa: F401 - registers the prefill/decode model with the wave model
 from tuner.predict.correction import Correction, Factor, Observation, factors_for, fit
 from tuner.predict.fluid import Shape, WaveFigures, wave_bench
 from tuner.predict.guide import Choice, Guide, Predictor, Ranked

@@ -27,6 +27,7 @@ clients sending ``N`` prompts of ``I`` tokens in and ``O`` out (``c/dp`` clients
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -204,8 +205,17 @@ def wave_bench(phys: Physics, ca: CoefficientArrays, shape: Shape) -> WaveFigure
     t_late = step_time(phys, ca, decode_batch(seats, isl + osl * late)).total_s
     itl = np.where(share_mixed >= 0.05, np.where(later_waves > 0, t_mix, t_ramp), t_late)
     tpot = duration / np.maximum(waves * decode_steps * tau + ramp_steps, 1.0)
-    return WaveFigures(output_tok_s=throughput, ttft_p95_ms=ttft * 1e3, itl_p95_ms=itl * 1e3,
-                       tpot_mean_ms=tpot * 1e3, seats=seats, decode_step_ms=t_dec * 1e3)
+    figures = WaveFigures(output_tok_s=throughput, ttft_p95_ms=ttft * 1e3, itl_p95_ms=itl * 1e3,
+                          tpot_mean_ms=tpot * 1e3, seats=seats, decode_step_ms=t_dec * 1e3)
+    if phys.pd is not None:
+        for overlay in OVERLAYS:
+            figures = overlay(phys, ca, shape, figures)
+    return figures
+
+
+OVERLAYS: list[Callable[[Physics, CoefficientArrays, Shape, WaveFigures], WaveFigures]] = []
+"""Models of rows this wave model does not describe, each replacing their figures: a prefill/decode layout's
+(:mod:`tuner.predict.disagg` registers itself here when imported)."""
 
 
 GROUPS_PER_ENGINE = 48

@@ -73,7 +73,8 @@ class Choice:
 def _class_key(table: SpaceTable, row: int) -> tuple[object, ...]:
     cfg = table.physics.configs[row]
     phys = table.physics
-    return (cfg.topology_name, phys.moe_field[row], cfg.all2all_backend if cfg.dp > 1 else "", cfg.eplb,
+    layout = "pd" if phys.pd is not None and row in set(phys.pd.rows.tolist()) else ""
+    return (layout + cfg.topology_name, phys.moe_field[row], cfg.all2all_backend if cfg.dp > 1 else "", cfg.eplb,
             bool(phys.spec_k[row] > 0))
 
 

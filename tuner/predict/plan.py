@@ -20,8 +20,9 @@ from tuner.search.space import build_config
 
 __all__ = ["PriorPlan", "format_prior", "prior_plan"]
 
-_SHOWN = ("topology", "moe-backend", "all2all-backend", "enable-eplb", "max-num-seqs", "max-num-batched-tokens",
-          "gpu-memory-utilization", "compilation-config.cudagraph_mode", "speculative.draft_tokens")
+_SHOWN = ("disaggregation", "topology", "moe-backend", "all2all-backend", "enable-eplb", "max-num-seqs",
+          "max-num-batched-tokens", "gpu-memory-utilization", "compilation-config.cudagraph_mode",
+          "speculative.draft_tokens")
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,14 @@ def _levers(params: Mapping[str, Scalar]) -> str:
     return ", ".join(f"{k} {params[k]}" for k in _SHOWN if k in params)
 
 
+def _value(value: float) -> str:
+    """A rate as the table shows it: tokens/s whole, requests/s (goodput) to two decimals."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+
+
 def _row(r: Ranked) -> str:
     ok = "" if r.feasible else " (misses an SLO)"
-    return (f"| {r.value:,.0f}{ok} | {r.concurrency:,} | {r.figures['ttft_p95_ms'] / 1e3:,.1f} | "
+    return (f"| {_value(r.value)}{ok} | {r.concurrency:,} | {r.figures['ttft_p95_ms'] / 1e3:,.1f} | "
             f"{r.figures['itl_p95_ms']:,.0f} | {_levers(r.params)} |")
 
 
@@ -81,11 +87,12 @@ def format_prior(plan: PriorPlan) -> str:
     out = ["## Prior: what the performance model predicts (before any launch)", ""]
     if not plan.available:
         return "\n".join([*out, f"Off: {plan.reason}. `run` then searches with the sampler alone.", ""])
-    header = ["| predicted output tok/s | at concurrency | p95 TTFT s | p95 ITL ms | configuration |",
+    metric = plan.objective.split(",")[0] or "value"
+    header = [f"| predicted {metric} | at concurrency | p95 TTFT s | p95 ITL ms | configuration |",
               "|---|---|---|---|---|"]
     best = plan.top[0].value if plan.top else 0.0
     out += [f"- objective: {plan.objective}",
-            f"- predicted optimum: **{best:,.0f} output tok/s**; {plan.feasible_share:.0%} of the space is "
+            f"- predicted optimum: **{_value(best)} {metric}**; {plan.feasible_share:.0%} of the space is "
             "predicted to launch and meet the SLOs",
             "- the model's constants are the prior (docs/emulator.md); a real node differs, which is why "
             "`run --prior model` refits them after every launch (docs/search.md)", "",
@@ -93,10 +100,10 @@ def format_prior(plan: PriorPlan) -> str:
             "Queued by `run --prior model` after the baselines (the best of distinct topology, MoE kernel, "
             "all2all and speculation):", "", *header, *(_row(r) for r in plan.picks), ""]
     if plan.baselines:
-        out += ["The baselines, as predicted:", "", "| baseline | predicted output tok/s | configuration |",
+        out += ["The baselines, as predicted:", "", f"| baseline | predicted {metric} | configuration |",
                 "|---|---|---|"]
         for name, r in plan.baselines:
-            value = "—" if r is None else (f"{r.value:,.0f}" + ("" if r.feasible else " (misses an SLO)"))
+            value = "—" if r is None else (_value(r.value) + ("" if r.feasible else " (misses an SLO)"))
             out.append(f"| {name} | {value} | {'' if r is None else _levers(r.params)} |")
         out.append("")
     return "\n".join(out)

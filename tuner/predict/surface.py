@@ -26,7 +26,10 @@ __all__ = ["SLO_FIGURES", "ObjectiveModel", "PriorUnavailable", "StepFigures", "
 SLO_FIGURES: Mapping[str, str] = {"p95_ttft_ms": "ttft_p95_ms", "p95_itl_ms": "itl_p95_ms",
                                   "mean_tpot_ms": "tpot_mean_ms"}
 """The SLO keys the model predicts, and the :class:`~tuner.predict.fluid.WaveFigures` field of each."""
-_METRICS = {"output_throughput": 1.0, "total_token_throughput": None, "request_throughput": None}
+_METRICS = {"output_throughput": 1.0, "total_token_throughput": None, "request_throughput": None,
+            "request_goodput": None}
+"""``request_goodput`` is predicted as the request throughput of a step whose p95 figures meet the SLOs (at least
+95 % of its requests then meet limits like them: issue 27's long-context objective sets both alike)."""
 
 
 class PriorUnavailable(ValueError):
@@ -112,7 +115,7 @@ class ObjectiveModel:
         per_request = float(self.input_len + self.output_len) / float(self.output_len)
         if self.metric == "total_token_throughput":
             return figures.output_tok_s * per_request
-        if self.metric == "request_throughput":
+        if self.metric in ("request_throughput", "request_goodput"):
             return figures.output_tok_s / float(self.output_len)
         return figures.output_tok_s
 

@@ -7,11 +7,16 @@ point into the numbers the performance model reads (:class:`Physics`: one row pe
 launch, as arrays). Points that differ only in what the model cannot see (prefix caching under a
 random workload, ``auto`` against the backend it resolves to) share a physics row.
 
+A prefill/decode layout's point (issue 27) is one row too: the decode pool's member as the row's physics,
+and beside it, in :class:`PdPhysics`, the prefill pool's member, both pools' instances and the KV bytes a
+token moves between them; :mod:`tuner.predict.disagg` predicts such rows.
+
 Pure: no I/O, no Optuna. A table of h200x8 (93,312 points) takes about half a minute to build.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,10 +31,20 @@ from tuner.engines.emulated.hardware import NodeSpec
 from tuner.objective import Workload
 from tuner.search.checkpoints import Checkpoint
 from tuner.search.feasibility import check
-from tuner.search.profile import DRAFT_TOKENS_PARAM, TOPOLOGY_PARAM, HardwareProfile, Scalar, draw_order, parse_topology
+from tuner.search.profile import (
+    AGGREGATED,
+    DISAGG_PARAM,
+    DRAFT_TOKENS_PARAM,
+    TOPOLOGY_PARAM,
+    HardwareProfile,
+    Scalar,
+    draw_order,
+    parse_topology,
+)
 from tuner.search.space import build_config
 
-__all__ = ["FULL_DECODE_MODES", "PIECEWISE_MODES", "Physics", "SpaceTable", "enumerate_points", "space_table"]
+__all__ = ["FULL_DECODE_MODES", "PIECEWISE_MODES", "PdPhysics", "Physics", "SpaceTable", "enumerate_points",
+           "space_table"]
 
 FULL_DECODE_MODES = frozenset({"FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"})
 PIECEWISE_MODES = frozenset({"PIECEWISE", "FULL_AND_PIECEWISE"})
@@ -55,13 +70,17 @@ def _values(profile: HardwareProfile, name: str) -> list[Scalar]:
 
 def enumerate_points(profile: HardwareProfile) -> Iterator[dict[str, Scalar]]:
     """Every point of the space, each as the flat parameters ``suggest`` would draw for it."""
-    order = ([TOPOLOGY_PARAM] if profile.topology is not None else []) + draw_order(profile)
+    order = (([DISAGG_PARAM] if profile.disaggregation is not None else [])
+             + ([TOPOLOGY_PARAM] if profile.topology is not None else []) + draw_order(profile))
 
     def walk(i: int, chosen: dict[str, Scalar], context: dict[str, Scalar]) -> Iterator[dict[str, Scalar]]:
         if i == len(order):
             yield dict(chosen)
             return
         name = order[i]
+        if name == TOPOLOGY_PARAM and chosen.get(DISAGG_PARAM, AGGREGATED) != AGGREGATED:
+            yield from walk(i + 1, chosen, context)  # a layout's pools carry their own topology
+            return
         lever = profile.levers.get(name)
         if lever is not None and lever.when and not all(
                 {**chosen, **context}.get(k) in allowed for k, allowed in lever.when.items()):
@@ -120,6 +139,8 @@ class Physics:
     knee: np.ndarray
     """Requests of the workload's longest ISL + OSL the KV caches hold at once (the feasibility model's,
     capped by max-num-seqs): what a knee-relative ladder is sized from."""
+    pd: PdPhysics | None = None
+    """The prefill/decode layouts among the rows (None: every row is one server)."""
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -133,6 +154,8 @@ class Physics:
             value = getattr(self, name)
             if name == "node":
                 values[name] = value
+            elif name == "pd":
+                values[name] = None if value is None else value.take(rows)
             elif name == "capture_group":
                 values[name] = inverse.astype(np.int64)
             elif name == "capture_sizes":
@@ -142,6 +165,35 @@ class Physics:
             else:
                 values[name] = tuple(value[int(r)] for r in rows)
         return Physics(**values)
+
+
+@dataclass(frozen=True)
+class PdPhysics:
+    """The prefill/decode rows of a :class:`Physics`: their prefill pool's member and the pools' sizes.
+
+    The parent row itself is the decode pool's member (``knee``: the whole decode pool's)."""
+
+    rows: np.ndarray
+    """Indices of the layouts' rows in the parent."""
+    prefill: Physics
+    """One row per layout: the prefill pool's member."""
+    prefill_instances: np.ndarray
+    decode_instances: np.ndarray
+    transfer_bytes_per_token: np.ndarray
+    """KV bytes one prompt token moves from the prefill member to the decode member (before the KV factor)."""
+    link_bytes_s: float
+
+    def take(self, parent_rows: np.ndarray) -> PdPhysics | None:
+        """The layouts among ``parent_rows`` (rows renumbered as in the smaller parent), or None."""
+        position = {int(r): i for i, r in enumerate(np.asarray(parent_rows, dtype=np.int64))}
+        keep = [j for j, r in enumerate(self.rows) if int(r) in position]
+        if not keep:
+            return None
+        index = np.asarray(keep, dtype=np.int64)
+        return PdPhysics(rows=np.asarray([position[int(self.rows[j])] for j in keep], dtype=np.int64),
+                         prefill=self.prefill.take(index), prefill_instances=self.prefill_instances[index],
+                         decode_instances=self.decode_instances[index],
+                         transfer_bytes_per_token=self.transfer_bytes_per_token[index], link_bytes_s=self.link_bytes_s)
 
 
 def _physics_key(config: EmulatedConfig, generation: str) -> str:
@@ -249,6 +301,7 @@ def space_table(profile: HardwareProfile, checkpoint: Checkpoint, workload: Work
     unique: dict[str, int] = {}
     configs: list[EmulatedConfig] = []
     knees: list[int] = []
+    layouts: dict[int, tuple[EmulatedConfig, int, int, int]] = {}
     for i, params in enumerate(points):
         config = build_config(profile, params)
         keys.append(config.key())
@@ -256,15 +309,35 @@ def space_table(profile: HardwareProfile, checkpoint: Checkpoint, workload: Work
         if not verdict.ok:
             prunable[i] = True
             continue
-        emulated = EmulatedConfig.from_options(config.args)
-        pkey = _physics_key(emulated, node.generation)
+        launch = config.disaggregation
+        if launch is not None:
+            decode, prefill = launch.pool("decode"), launch.pool("prefill")
+            emulated = EmulatedConfig.from_options(decode[0].args)
+            emulated_prefill = EmulatedConfig.from_options(prefill[0].args)
+            pkey = "pd:" + _physics_key(emulated, node.generation) + _physics_key(emulated_prefill, node.generation) \
+                + f"{len(prefill)}x{len(decode)}"
+        else:
+            emulated = EmulatedConfig.from_options(config.args)
+            pkey = _physics_key(emulated, node.generation)
         row = unique.get(pkey)
         if row is None:
             row = unique[pkey] = len(configs)
             configs.append(emulated)
             knees.append(verdict.max_concurrency)
+            if launch is not None:
+                layouts[row] = (emulated_prefill, len(launch.pool("prefill")), len(launch.pool("decode")),
+                                verdict.max_concurrency)
         phys_of[i] = row
     physics = _physics(node, profile, checkpoint, configs, knees)
+    if layouts:
+        rows = np.asarray(sorted(layouts), dtype=np.int64)
+        prefill_phys = _physics(node, profile, checkpoint, [layouts[int(r)][0] for r in rows],
+                                [layouts[int(r)][3] for r in rows])
+        physics = dataclasses.replace(physics, pd=PdPhysics(
+            rows=rows, prefill=prefill_phys,
+            prefill_instances=np.asarray([layouts[int(r)][1] for r in rows], dtype=np.float64),
+            decode_instances=np.asarray([layouts[int(r)][2] for r in rows], dtype=np.float64),
+            transfer_bytes_per_token=physics.kv_bytes_per_token[rows].copy(), link_bytes_s=node.device.link_bytes_s))
     return SpaceTable(profile=profile, checkpoint=checkpoint, workload=workload, params=tuple(points),
                       keys=tuple(keys), prunable=prunable, phys_of=phys_of, physics=physics,
                       index_of={k: i for i, k in enumerate(keys)})

@@ -281,11 +281,11 @@ def fit_kv_bytes_per_token(profile: HardwareProfile, checkpoint: Checkpoint,
 
 
 def _rule_violations(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint,
-                     workload: Workload) -> list[tuple[str, str]]:
-    """The rules a configuration breaks, as ``(rule, reason)``."""
+                     workload: Workload, *, gpus: int | None = None) -> list[tuple[str, str]]:
+    """The rules a configuration breaks, as ``(rule, reason)`` (``gpus``: a pool's, else the node's)."""
     args = config.args
     shape = topology_of(args)
-    gpus = profile.hardware.device_count
+    gpus = profile.hardware.device_count if gpus is None else gpus
     out: list[tuple[str, str]] = []
     if profile.hardware.accelerator != "cpu" and shape.world != gpus:
         out.append(("topology", f"topology {shape.name} uses {shape.world} GPUs, the node has {gpus}"))
@@ -336,11 +336,44 @@ def check(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint,
 
     ``calibration`` (fitted to this node's launched trials) replaces the default bytes per token, as far
     as it is trusted to prune (:attr:`KvCalibration.pruning_base`).
+
+    A prefill/decode layout (``config.disaggregation``) is judged pool by pool: each member must fit its own
+    GPUs; the verdict's KV and concurrency are the decode pool's (it holds the running requests), its
+    reasons name the pool.
     """
+    if config.disaggregation is not None:
+        return _check_pools(profile, config, checkpoint, workload, calibration)
+    return _check_one(profile, config, checkpoint, workload, calibration)
+
+
+def _check_pools(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint, workload: Workload,
+                 calibration: KvCalibration | None) -> Feasibility:
+    launch = config.disaggregation
+    assert launch is not None
+    verdicts = {}
+    for member in launch.members:
+        if member.index == 0:  # the members of a pool are alike
+            one = ServeConfig(args=member.args, env=config.env, params=config.params)
+            verdicts[member.role] = _check_one(profile, one, checkpoint, workload, calibration, gpus=len(member.gpus))
+    decode = verdicts["decode"]
+    instances = len(launch.pool("decode"))
+    reasons = [f"{role} pool ({launch.pool_topologies.get(role)}): {v.reason}" for role, v in verdicts.items()
+               if not v.ok]
+    rules = tuple(f"{rule}" for v in verdicts.values() for rule in v.rules)
+    notes = (f"prefill/decode {launch.describe()}; KV moved by {launch.connector}",
+             *(f"{role}: {note}" for role, v in verdicts.items() for note in v.notes))
+    return Feasibility(ok=not reasons, reason="; ".join(reasons), topology=decode.topology, memory=decode.memory,
+                       kv_tokens_per_rank=decode.kv_tokens_per_rank,
+                       kv_tokens_total=decode.kv_tokens_total * instances,
+                       max_concurrency=decode.max_concurrency * instances, notes=notes, rules=rules)
+
+
+def _check_one(profile: HardwareProfile, config: ServeConfig, checkpoint: Checkpoint, workload: Workload,
+               calibration: KvCalibration | None = None, *, gpus: int | None = None) -> Feasibility:
     args = config.args
     shape = topology_of(args)
     memory = rank_memory(profile, args, checkpoint)
-    reasons = _rule_violations(profile, config, checkpoint, workload)
+    reasons = _rule_violations(profile, config, checkpoint, workload, gpus=gpus)
     per_token = kv_bytes_per_token(args, checkpoint, calibration.pruning_base if calibration else None)
     kv_tokens = max(0, int(memory.kv_bytes / per_token))
     block = int(args.get("block-size", 16))

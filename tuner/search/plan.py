@@ -22,6 +22,8 @@ from tuner.search.checkpoints import Checkpoint, WeightSplit, load_checkpoint
 from tuner.search.envelope import LadderRow, envelope, objective_for
 from tuner.search.feasibility import GIB, Feasibility, check
 from tuner.search.profile import (
+    AGGREGATED,
+    DISAGG_PARAM,
     DRAFT_TOKENS_PARAM,
     TOPOLOGY_PARAM,
     HardwareProfile,
@@ -57,6 +59,8 @@ class BaselineRow:
     ok: bool
     reason: str
     max_concurrency: int
+    members: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """A prefill/decode layout's servers: (member name, its own flags); ``argv`` is then what they share."""
 
 
 @dataclass(frozen=True)
@@ -104,12 +108,14 @@ def space_size(profile: HardwareProfile) -> int | None:
         if lever is not None and lever.when and not all(
                 _context(profile, chosen).get(k) in v for k, v in lever.when.items()):
             return count(i + 1, chosen)
+        if name == TOPOLOGY_PARAM and chosen.get(DISAGG_PARAM, AGGREGATED) != AGGREGATED:
+            return count(i + 1, chosen)  # a prefill/decode layout's pools carry their own topology
         dom = domain(name)
         assert dom is not None
         size = dom.domain_size()
         if size is None:
             return None
-        if name in conditioning or name == TOPOLOGY_PARAM:
+        if name in conditioning or name in (TOPOLOGY_PARAM, DISAGG_PARAM):
             total = 0
             for value in _values(dom):
                 sub = count(i + 1, {**chosen, name: value})
@@ -204,9 +210,38 @@ def _baseline_rows(profile: HardwareProfile, ckpt: Checkpoint, workload: Workloa
     for base in profile.baselines:
         config: ServeConfig = build_config(profile, base.values)
         verdict = check(profile, config, ckpt, workload)
+        members = () if config.disaggregation is None else tuple(
+            (m.name, tuple(engine.flags({k: v for k, v in m.args.items() if config.args.get(k) != v})))
+            for m in config.disaggregation.members)
         rows.append(BaselineRow(name=base.name, note=base.note, argv=tuple(engine.flags(config.args)),
                                 env=tuple(sorted(config.env.items())), ok=verdict.ok, reason=verdict.reason,
-                                max_concurrency=verdict.max_concurrency))
+                                max_concurrency=verdict.max_concurrency, members=members))
+    return rows
+
+
+def _layout_rows(profile: HardwareProfile, ckpt: Checkpoint, workload: Workload) -> list[TopologyRow]:
+    """Each prefill/decode layout at the most KV-friendly shared settings, its decode pool's KV and seats."""
+    section = profile.disaggregation
+    if section is None:
+        return []
+    base: dict[str, Scalar] = {}
+    for name in ("gpu-memory-utilization",):
+        top = _largest(profile.levers.get(name))
+        if top is not None:
+            base[name] = top
+    if profile.speculative is not None:
+        base[DRAFT_TOKENS_PARAM] = 0
+    rows: list[TopologyRow] = []
+    for layout in section.layouts:
+        config = suggest(profile, FixedParams({**base, DISAGG_PARAM: layout}))
+        verdict = check(profile, config, ckpt, workload)
+        assert config.disaggregation is not None
+        rows.append(TopologyRow(
+            topology=config.disaggregation.describe(), ok=verdict.ok, reason=verdict.reason,
+            weights_gib_per_rank=round(verdict.memory.weights_bytes / GIB, 1),
+            kv_gib_per_rank=round(max(0, verdict.memory.kv_bytes) / GIB, 1),
+            kv_tokens_per_rank=verdict.kv_tokens_per_rank, kv_tokens_total=verdict.kv_tokens_total,
+            max_concurrency=verdict.max_concurrency))
     return rows
 
 
@@ -240,7 +275,7 @@ def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoin
         ladder_rule=_ladder_rule(resolved),
         workload_tokens=(workload.input_len, workload.output_len), space_size=space_size(profile),
         samples=samples, feasible_share=share, top_rejections=tuple(top),
-        topologies=tuple(_topology_rows(profile, ckpt, workload)),
+        topologies=tuple(_topology_rows(profile, ckpt, workload) + _layout_rows(profile, ckpt, workload)),
         baselines=tuple(_baseline_rows(profile, ckpt, workload, engine or default_engine())),
         per_trial_s=per_trial, budget_s=budget_s, trials_in_budget=trials)
 
@@ -301,7 +336,8 @@ def format_plan(plan: Plan) -> str:
         out += ["Commonest reasons a sampled point is pruned before launch:", ""]
         out += [f"- {count}× {reason}" for reason, count in plan.top_rejections] + [""]
     out += ["## KV capacity by topology", "",
-            "At the highest gpu-memory-utilization and max-num-seqs in the space, speculation off.", "",
+            "At the highest gpu-memory-utilization and max-num-seqs in the space, speculation off; a "
+            "prefill/decode layout by its decode pool (its pools' own seats).", "",
             _md_table(["topology", "fits", "weights GiB/rank", "KV GiB/rank", "KV tokens/rank",
                        "KV tokens total", f"max concurrency @ {isl + osl}"],
                       [[r.topology, "yes" if r.ok else f"no: {r.reason}", r.weights_gib_per_rank,
@@ -318,6 +354,7 @@ def format_plan(plan: Plan) -> str:
         verdict = "feasible" if b.ok else f"pruned: {b.reason}"
         out += [f"- **{b.name}** — {b.note} ({verdict}; max concurrency {b.max_concurrency})",
                 f"  `{' '.join(b.argv)}`"]
+        out += [f"  - {member}: `{' '.join(flags)}`" for member, flags in b.members]
         if b.env:
             out.append("  env: " + " ".join(f"{k}={v}" for k, v in b.env))
     out += ["", "## Budget", "",

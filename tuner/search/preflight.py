@@ -8,15 +8,19 @@ the fix. Nothing here launches a server or reaches the network.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
+import shlex
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.search.checkpoints import Checkpoint
+from tuner.search.pools import CONNECTOR_MODULES, connector_missing, router_missing
 from tuner.search.profile import HardwareProfile
 
 __all__ = ["Device", "HostProbe", "Mismatch", "check_host", "cpu_has_avx512", "host_probe", "version_at_least"]
@@ -126,6 +130,8 @@ class HostProbe:
     free_disk_gb: Callable[[Path], float] = field(
         default=lambda path: shutil.disk_usage(_existing(path)).free / 1e9)
     port_free: Callable[[int], bool] = _port_free
+    which: Callable[[str], str | None] = shutil.which
+    module_found: Callable[[str], bool] = field(default=lambda name: importlib.util.find_spec(name) is not None)
 
 
 ACTIVE_PROBE: HostProbe | None = None
@@ -174,10 +180,29 @@ def check_host(profile: HardwareProfile, checkpoint: Checkpoint | None, model: s
     if free < need:
         found.append(Mismatch("disk", f"{free:.1f} GB free under {runs_dir}, the night needs {need:.0f} GB for "
                               "logs and compile caches", "free space there, or give --runs-dir on a larger disk"))
+    found += _check_disaggregation(profile, engine, probe)
     if port is not None and not probe.port_free(port):
         found.append(Mismatch("port", f"port {port} on 127.0.0.1 is in use",
                               "stop what holds it, or drop --port to take a free one"))
     return found
+
+
+def _check_disaggregation(profile: HardwareProfile, engine: str, probe: HostProbe) -> list[Mismatch]:
+    """A profile with prefill/decode layouts needs the router, and the connector's module in vLLM's Python (this
+    one: the launch checks the engine command's own Python again, before a layout's first start)."""
+    section = profile.disaggregation
+    if section is None:
+        return []
+    out: list[Mismatch] = []
+    program = shlex.split(section.router)[0] if section.router.strip() else section.router
+    if probe.which(program) is None and not Path(program).is_file():
+        problem, _, fix = router_missing(section.router).partition(" Fix: ")
+        out.append(Mismatch("router", problem, fix))
+    module = CONNECTOR_MODULES.get(section.connector)
+    if engine == "vllm" and module is not None and not probe.module_found(module):
+        problem, _, fix = connector_missing(section.connector, sys.executable).partition(" Fix: ")
+        out.append(Mismatch("connector", problem, fix))
+    return out
 
 
 def _check_devices(profile: HardwareProfile, probe: HostProbe) -> list[Mismatch]:

@@ -18,6 +18,9 @@ Beyond plain levers a profile may declare:
   chosen checkpoint carries (DSpark for 0731, MTP for the preview), so a mismatch cannot be sampled.
 - ``cudagraph``: derive ``max_cudagraph_capture_size`` from max-num-seqs × (1 + draft tokens),
   rounded to a multiple of 1 + k, so vLLM has nothing to round silently.
+- ``disaggregation``: prefill/decode pools (issue 27): the ``disaggregation`` lever takes ``aggregated`` or
+  one of the named ``layouts``, each a prefill pool and a decode pool with their own topology, max-num-seqs
+  and batched tokens, joined by the profile's KV connector and a router (:mod:`tuner.search.pools`).
 - ``guards``: the correctness gates every trial of this node runs by default (``run``; the profile
   knows the parsers it sets, so it knows which gates can pass), and the numerics the equivalence
   reference is recorded under (:func:`reference_requires`: the profile's fixed numerics, the first
@@ -47,6 +50,10 @@ SPECULATIVE_OPTION = "speculative-config"
 TOPOLOGY_PARAM = "topology"
 TOPOLOGY_KEYS = ("topology.tp", "topology.dp", "topology.ep")
 CAPTURE_OPTION = "compilation-config.max_cudagraph_capture_size"
+DISAGG_PARAM = "disaggregation"
+"""The lever that picks one server (``aggregated``) or a prefill/decode layout of the profile."""
+AGGREGATED = "aggregated"
+POOL_ROLES = ("prefill", "decode")
 
 Generation = Literal["cpu", "hopper", "blackwell", "blackwell_ultra", "blackwell_rtx", "cdna3", "other"]
 _BLACKWELL_DC = frozenset({"blackwell", "blackwell_ultra"})
@@ -315,6 +322,54 @@ class ProfileGuards(_Strict):
     :func:`reference_requires`'s rule (fixed numerics, then the first baseline) is not what you want."""
 
 
+class PoolSpec(_Strict):
+    """One pool of a prefill/decode layout: ``instances`` servers of one topology, with their own seats and budget."""
+
+    topology: str
+    instances: int = Field(default=1, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1, alias="max-num-seqs")
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, alias="max-num-batched-tokens")
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Other vLLM options of this pool's servers only (they win over the fixed flags and the levers)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def shape(self) -> Topology:
+        return parse_topology(self.topology)
+
+    @property
+    def gpus(self) -> int:
+        return self.instances * self.shape().world
+
+
+class PdLayout(_Strict):
+    """A prefill pool and a decode pool that share the node (``4p4d``: 4 GPUs prefill, 4 decode)."""
+
+    prefill: PoolSpec
+    decode: PoolSpec
+    note: str = ""
+
+    def pool(self, role: str) -> PoolSpec:
+        return self.prefill if role == "prefill" else self.decode
+
+
+class Disaggregation(_Strict):
+    """Prefill/decode disaggregation: the KV connector, the router in front, and the layouts to search."""
+
+    connector: str = "NixlConnector"
+    """vLLM's ``kv_connector`` (``--kv-transfer-config``): NixlConnector, MooncakeConnector, ExampleConnector, ..."""
+    connector_config: dict[str, Any] = Field(default_factory=dict)
+    """``kv_connector_extra_config`` every member gets."""
+    router: str = "vllm-router"
+    """The router program (its P/D mode fronts the pools: docs/decisions.md, issue 27)."""
+    aggregated: bool = True
+    """Whether ``aggregated`` (one server on the whole node) is among the lever's values."""
+    layouts: dict[str, PdLayout] = Field(min_length=1)
+
+    def choices(self) -> list[str]:
+        return ([AGGREGATED] if self.aggregated else []) + list(self.layouts)
+
+
 class HardwareProfile(_Strict):
     name: str
     description: str = ""
@@ -326,6 +381,7 @@ class HardwareProfile(_Strict):
     cudagraph: CudagraphRule | None = None
     baselines: list[Baseline] = Field(default_factory=list)
     guards: ProfileGuards = Field(default_factory=ProfileGuards)
+    disaggregation: Disaggregation | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -342,6 +398,20 @@ class HardwareProfile(_Strict):
                 return {**data, "server": {**server, "workload_scale": "demo"}}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_baseline_without_a_layout_is_aggregated(cls, data: object) -> object:
+        """A baseline that names no ``disaggregation`` value is one server (``aggregated``), as written before
+        the lever existed: said explicitly, so a study that enqueues it never lets the sampler draw a layout."""
+        if not isinstance(data, Mapping):
+            return data
+        section, baselines = data.get("disaggregation"), data.get("baselines")
+        if not isinstance(section, Mapping) or section.get("aggregated") is False or not isinstance(baselines, list):
+            return data
+        filled = [{**b, "values": {DISAGG_PARAM: AGGREGATED, **(b.get("values") or {})}}
+                  if isinstance(b, Mapping) and DISAGG_PARAM not in (b.get("values") or {}) else b for b in baselines]
+        return {**data, "baselines": filled}
+
     @model_validator(mode="after")
     def _references_exist(self) -> HardwareProfile:
         for problem in profile_problems(self):
@@ -350,7 +420,8 @@ class HardwareProfile(_Strict):
         return self
 
     def param_names(self) -> list[str]:
-        names = [TOPOLOGY_PARAM] if self.topology is not None else []
+        names = [DISAGG_PARAM] if self.disaggregation is not None else []
+        names += [TOPOLOGY_PARAM] if self.topology is not None else []
         names += list(self.levers)
         if self.speculative is not None:
             names.append(DRAFT_TOKENS_PARAM)
@@ -366,6 +437,8 @@ class HardwareProfile(_Strict):
         """The domain of a param name (levers, ``topology`` and the draft count alike)."""
         if name == TOPOLOGY_PARAM and self.topology is not None:
             return Lever(choices=list(self.topology.choices))
+        if name == DISAGG_PARAM and self.disaggregation is not None:
+            return Lever(choices=list(self.disaggregation.choices()))
         if name == DRAFT_TOKENS_PARAM and self.speculative is not None:
             return self.speculative.draft_tokens
         return self.levers.get(name)
@@ -464,9 +537,45 @@ def _baseline_value_ok(profile: HardwareProfile, key: str, domain: Lever, value:
     return False
 
 
+def _disaggregation_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
+    """The pools of every layout: readable topologies that sum to the node's GPUs, and no lever set twice."""
+    section = profile.disaggregation
+    if section is None:
+        return []
+    out: list[ProfileRuleError] = []
+    gpus = profile.hardware.device_count
+    if AGGREGATED in section.layouts:
+        out.append(ProfileRuleError(f"disaggregation.layouts.{AGGREGATED}", f"{AGGREGATED!r} is the one-server value",
+                                    "name the layout by its pools, e.g. 4p4d"))
+    for name, layout in section.layouts.items():
+        used = 0
+        for role in POOL_ROLES:
+            pool = layout.pool(role)
+            try:
+                used += pool.gpus
+            except ValueError as exc:
+                out.append(ProfileRuleError(f"disaggregation.layouts.{name}.{role}.topology", str(exc),
+                                            "use tpN, dpN and ep joined by '-'"))
+                used = -1
+                break
+            for option in _TOPOLOGY_OPTIONS:
+                if option in pool.options:
+                    out.append(ProfileRuleError(f"disaggregation.layouts.{name}.{role}.options.{option}",
+                                                "set twice: the pool's topology sets it", f"remove {option}"))
+        if used >= 0 and used != gpus:
+            p, d = layout.prefill, layout.decode
+            out.append(ProfileRuleError(
+                f"disaggregation.layouts.{name}",
+                f"the pools use {used} GPUs (prefill {p.instances} x {p.topology}, decode {d.instances} x "
+                f"{d.topology}), the node has {gpus}",
+                f"make the prefill and decode pools' GPUs sum to hardware.device_count ({gpus}), e.g. "
+                f"prefill tp{gpus // 2} + decode dp{gpus - gpus // 2}-ep"))
+    return out
+
+
 def profile_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
     """Every cross-field rule the profile breaks (empty = sound)."""
-    out = _topology_problems(profile) + _generation_problems(profile)
+    out = _topology_problems(profile) + _generation_problems(profile) + _disaggregation_problems(profile)
     names = set(profile.param_names())
     if profile.topology is not None:
         names |= set(TOPOLOGY_KEYS)

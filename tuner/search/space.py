@@ -14,8 +14,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tuner import store
+from tuner.search.pools import Disaggregated, disaggregated
 from tuner.search.profile import (
+    AGGREGATED,
     CAPTURE_OPTION,
+    DISAGG_PARAM,
     DRAFT_TOKENS_PARAM,
     SPECULATIVE_OPTION,
     TOPOLOGY_PARAM,
@@ -44,11 +47,14 @@ class ServeConfig:
 
     ``args`` maps vLLM option names to values; JSON options are nested dicts.
     ``params`` is the flat set of lever values that produced it (what Optuna saw).
+    ``disaggregation``: a prefill/decode layout's servers (:mod:`tuner.search.pools`); ``args`` then holds
+    the options the pools share, and each member's own are in it. None: one server of ``args``.
     """
 
     args: Mapping[str, Any]
     env: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Scalar] = field(default_factory=dict)
+    disaggregation: Disaggregated | None = None
 
     @property
     def draft_tokens(self) -> int:
@@ -60,13 +66,19 @@ class ServeConfig:
 
     def key(self) -> str:
         """Stable identity of what would be launched (args + env), for de-duplication."""
-        blob = json.dumps({"args": self.args, "env": self.env}, sort_keys=True, default=str)
+        identity: dict[str, Any] = {"args": self.args, "env": self.env}
+        if self.disaggregation is not None:
+            identity["disaggregation"] = self.disaggregation.to_json()
+        blob = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:
         """What a trial's ``config.json`` holds (secret-looking environment values masked)."""
-        return {"args": self.args, "env": store.safe_env(dict(self.env)), "params": self.params, "key": self.key(),
-                "speculative": self.is_speculative}
+        out = {"args": self.args, "env": store.safe_env(dict(self.env)), "params": self.params, "key": self.key(),
+               "speculative": self.is_speculative}
+        if self.disaggregation is not None:
+            out["disaggregation"] = self.disaggregation.to_json()
+        return out
 
     def control(self) -> ServeConfig:
         """The no-speculation twin: the same flags with speculation off."""
@@ -74,7 +86,8 @@ class ServeConfig:
         params = dict(self.params)
         if DRAFT_TOKENS_PARAM in params:
             params[DRAFT_TOKENS_PARAM] = 0
-        return replace(self, args=args, params=params)
+        pools = self.disaggregation.without(SPECULATIVE_OPTION) if self.disaggregation is not None else None
+        return replace(self, args=args, params=params, disaggregation=pools)
 
 
 def _suggest_one(source: ParamSource, name: str, lever: Lever) -> Scalar:
@@ -128,6 +141,9 @@ def build_config(profile: HardwareProfile, params: Mapping[str, Scalar]) -> Serv
     """Fixed flags + lever values → ServeConfig. Levers absent from ``params`` are left out."""
     args: dict[str, Any] = json.loads(json.dumps(profile.server.fixed))
     env = dict(profile.server.env)
+    layout = str(params.get(DISAGG_PARAM, AGGREGATED)) if profile.disaggregation is not None else AGGREGATED
+    if layout != AGGREGATED:  # the pools set their own topology, seats and budget
+        params = {k: v for k, v in params.items() if k != TOPOLOGY_PARAM}
     if profile.topology is not None and TOPOLOGY_PARAM in params:
         shape = parse_topology(str(params[TOPOLOGY_PARAM]))
         args["tensor-parallel-size"] = shape.tp
@@ -147,6 +163,15 @@ def build_config(profile: HardwareProfile, params: Mapping[str, Scalar]) -> Serv
     draft = int(params.get(DRAFT_TOKENS_PARAM, 0)) if spec else 0
     if spec is not None and draft > 0:
         args[SPECULATIVE_OPTION] = {"method": spec.method, "num_speculative_tokens": draft, **spec.config}
+    if layout != AGGREGATED:
+        launch = disaggregated(profile, layout, args)
+        members = []
+        for member in launch.members:
+            member_args = dict(member.args)
+            _apply_cudagraph_rule(profile, member_args, draft if SPECULATIVE_OPTION in member_args else 0)
+            members.append(replace(member, args=member_args))
+        return ServeConfig(args=args, env=env, params=dict(params),
+                           disaggregation=replace(launch, members=tuple(members)))
     _apply_cudagraph_rule(profile, args, draft)
     return ServeConfig(args=args, env=env, params=dict(params))
 
@@ -154,12 +179,15 @@ def build_config(profile: HardwareProfile, params: Mapping[str, Scalar]) -> Serv
 def suggest(profile: HardwareProfile, source: ParamSource) -> ServeConfig:
     """Draw one configuration from the profile's space (define-by-run, conditional levers).
 
-    The topology is drawn first, so ``when`` conditions may name ``topology.tp/dp/ep``; the draft
-    count last.
+    The prefill/decode layout is drawn first, then the topology (only for ``aggregated``: a layout's pools
+    carry their own), so ``when`` conditions may name ``disaggregation`` and ``topology.tp/dp/ep``; the
+    draft count last.
     """
     chosen: dict[str, Scalar] = {}
     context: dict[str, Scalar] = {}
-    if profile.topology is not None:
+    if profile.disaggregation is not None:
+        chosen[DISAGG_PARAM] = source.suggest_categorical(DISAGG_PARAM, profile.disaggregation.choices())
+    if profile.topology is not None and chosen.get(DISAGG_PARAM, AGGREGATED) == AGGREGATED:
         chosen[TOPOLOGY_PARAM] = source.suggest_categorical(TOPOLOGY_PARAM, list(profile.topology.choices))
         context.update(parse_topology(str(chosen[TOPOLOGY_PARAM])).derived())
     for name in draw_order(profile):

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from tuner.engines.emulated._deps import Checkpoint, HardwareProfile, load_catalog, load_checkpoint, load_profile
 from tuner.engines.emulated.capacity import capacity, node_model, startup_verdict
+from tuner.engines.emulated.disagg import KvTransfer
 from tuner.engines.emulated.hardware import node_spec
 from tuner.engines.emulated.serve_config import EmulatedConfig, Frontend
 from tuner.engines.emulated.server import EmulatedServer, access_logger
@@ -126,11 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint = resolve_checkpoint(settings, config.model, profile)
     truth = resolve_truth(settings)
     return asyncio.run(_serve(settings, config, frontend, profile, checkpoint, truth,
-                              nondefault_args(ns, parser)))
+                              nondefault_args(ns, parser), getattr(ns, "kv_transfer_config", None)))
 
 
 async def _serve(settings: EmulatorSettings, config: EmulatedConfig, frontend: Frontend, profile: HardwareProfile,
-                 checkpoint: Checkpoint, truth: Truth, nondefault: dict[str, object]) -> int:
+                 checkpoint: Checkpoint, truth: Truth, nondefault: dict[str, object],
+                 kv_transfer_config: object = None) -> int:
     vlog = VllmLog()
     units = settings.units
     loop = asyncio.get_running_loop()
@@ -165,7 +167,13 @@ async def _serve(settings: EmulatorSettings, config: EmulatedConfig, frontend: F
                                                                              truth.coefficients, node),
                             capacity=cap, truth=truth, units=units, vllm_log=vlog, version=plan.version,
                             seed=settings.seed, stats_interval_s=settings.stats_interval_s,
-                            generation=node.generation)
+                            generation=node.generation,
+                            kv_transfer=KvTransfer.from_config(
+                                kv_transfer_config, kv_bytes_per_token=cap.kv_bytes_per_token,
+                                link_bytes_s=node.device.link_bytes_s))
+    if server.kv_transfer is not None:
+        vlog.info("EngineCore", "factory.py:67", f"Creating v1 connector with name: {server.kv_transfer.connector} "
+                                                 f"and engine_id: {server.kv_transfer.engine_id}")
     # SIGTERM closes idle keep-alive connections at once, as uvicorn does for vLLM; aiohttp would wait 60 s
     # for them (measured: 9 s a stop in a rehearsal, every launch).
     if frontend.access_log:

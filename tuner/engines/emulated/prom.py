@@ -123,6 +123,18 @@ class Registry:
             for name, (_, bounds) in self.hist_specs.items():
                 self.hists[(name, e)] = _Histogram(bounds)
 
+    def add_counter(self, name: str, help_text: str) -> None:
+        """A counter beyond vLLM's defaults (a KV connector's), at 0 on every engine."""
+        self.counter_help[name] = help_text
+        for e in range(self.engines):
+            self.counters.setdefault((name, e, ()), 0.0)
+
+    def add_histogram(self, name: str, help_text: str, bounds: tuple[float, ...]) -> None:
+        """A histogram beyond vLLM's defaults (a KV connector's), empty on every engine."""
+        self.hist_specs[name] = (help_text, bounds)
+        for e in range(self.engines):
+            self.hists[(name, e)] = _Histogram(bounds)
+
     # -- the scheduler's Observer -------------------------------------------------------------------
     def count(self, engine: int, name: str, amount: float, labels: tuple[tuple[str, str], ...] = ()) -> None:
         key = (name, engine, labels)

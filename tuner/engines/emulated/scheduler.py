@@ -62,8 +62,8 @@ class Group:
 
     __slots__ = ("_chain", "arrival_v", "computed", "engine", "family", "finish_reason", "first_scheduled_v",
                  "first_token_v", "generated", "hashed", "last_token_v", "max_output", "multiplicity",
-                 "own_blocks", "preemptions", "prompt_len", "published_upto", "shared_blocks", "sink", "state",
-                 "target", "token_ids", "uid")
+                 "own_blocks", "preemptions", "prompt_len", "published_upto", "remote_tokens", "shared_blocks",
+                 "sink", "state", "target", "token_ids", "uid")
 
     def __init__(self, uid: int, multiplicity: int, prompt_len: int, max_output: int, arrival_v: float,
                  *, prompt_hashes: Sequence[int] = (), token_ids: Sequence[int] | None = None,
@@ -94,6 +94,9 @@ class Group:
         self.last_token_v: float | None = None
         self.family: list[Group] = [self]
         """This group and the groups split off it: one client stream, aborted together."""
+        self.remote_tokens = 0
+        """Prompt tokens whose KV a KV connector delivers at admission (a decode member of a prefill/decode
+        layout: ``tuner.engines.emulated.disagg``); a preempted request computes them itself."""
 
     @property
     def done(self) -> bool:
@@ -328,6 +331,8 @@ class Node:
             hashes = self._hashes(g, (g.target - 1) // bs)
             hits = pool.lookup(hashes)
             hit_tokens = hits * bs
+            remote = max(0, g.remote_tokens - hit_tokens)  # delivered by the KV connector beyond the local hits
+            hit_tokens += remote
             remaining = g.target - hit_tokens
             if engine.chunked_prefill:
                 by_budget = min(m, budget)
@@ -359,7 +364,11 @@ class Node:
             g.published_upto = hits
             g.computed = hit_tokens
             self.observer.count(engine.index, "vllm:prefix_cache_queries", m * g.target)
-            self.observer.count(engine.index, "vllm:prefix_cache_hits", m * hit_tokens)
+            self.observer.count(engine.index, "vllm:prefix_cache_hits", m * (hit_tokens - remote))
+            if g.remote_tokens:
+                self.observer.count(engine.index, "vllm:external_prefix_cache_queries", m * g.target)
+                self.observer.count(engine.index, "vllm:external_prefix_cache_hits", m * remote)
+                g.remote_tokens = 0
             if g.first_scheduled_v is None:
                 g.first_scheduled_v = now_v
                 self.observer.observe(engine.index, "vllm:request_queue_time_seconds", now_v - g.arrival_v, m)
@@ -379,7 +388,7 @@ class Node:
                       prompt_hashes=[g.hash_at(i, self.block_size) for i in range(shared)],
                       finish_reason=g.finish_reason)
         for name in ("state", "engine", "computed", "generated", "target", "own_blocks", "shared_blocks",
-                     "preemptions", "first_scheduled_v", "first_token_v", "last_token_v"):
+                     "remote_tokens", "preemptions", "first_scheduled_v", "first_token_v", "last_token_v"):
             setattr(ghost, name, getattr(g, name))
         ghost.hashed = list(g.hashed[:g.shared_blocks])
         ghost.published_upto = g.shared_blocks

@@ -27,6 +27,13 @@ from aiohttp.abc import AbstractAccessLogger
 
 from tuner.engines.emulated.capacity import Capacity
 from tuner.engines.emulated.chat_render import render_chat
+from tuner.engines.emulated.disagg import (
+    NIXL_BYTES_BUCKETS,
+    NIXL_TIME_BUCKETS,
+    KvTransfer,
+    has_remote_prefill,
+    wants_remote_decode,
+)
 from tuner.engines.emulated.dsv4_output import build_chat_output
 from tuner.engines.emulated.hashing import stable_hash
 from tuner.engines.emulated.openai_api import (
@@ -114,7 +121,8 @@ class EmulatedServer:
 
     def __init__(self, *, config: EmulatedConfig, frontend: Frontend, model: NodeModel, capacity: Capacity,
                  truth: Truth, units: Units, vllm_log: VllmLog, version: str, seed: int = 0,
-                 stats_interval_s: float = 10.0, generation: str = "hopper") -> None:
+                 stats_interval_s: float = 10.0, generation: str = "hopper",
+                 kv_transfer: KvTransfer | None = None) -> None:
         self.config = config
         self.frontend = frontend
         self.capacity = capacity
@@ -129,6 +137,9 @@ class EmulatedServer:
                 "num_gpu_blocks": str(capacity.num_blocks)}
         self.registry = Registry(frontend.model_name, config.dp, max_model_len=config.max_model_len,
                                  speculative=config.speculative, info=info)
+        self.kv_transfer = kv_transfer
+        if kv_transfer is not None:
+            self._add_connector_metrics(kv_transfer)
         self.node = Node(model, capacity.num_blocks, self.registry, seed=seed)
         self.trap = truth.trap(config)
         self.pseudo = PseudoModel(truth.numerics(config, generation))
@@ -140,6 +151,41 @@ class EmulatedServer:
         self._t0 = time.monotonic()
         self._uid = 0
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _add_connector_metrics(self, kv: KvTransfer) -> None:
+        reg = self.registry
+        reg.add_counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector "
+                        "cross-instance cache sharing, in terms of number of queried tokens.")
+        reg.add_counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector "
+                        "cross-instance cache sharing, in terms of number of cached tokens.")
+        if kv.nixl:
+            reg.add_histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache "
+                              "transfers.", NIXL_TIME_BUCKETS)
+            reg.add_histogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache "
+                              "transfers.", NIXL_BYTES_BUCKETS)
+            reg.add_counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers, including "
+                            "handshake and notification failures.")
+
+    def _remote_prefill(self, group: Group, body: Mapping[str, Any]) -> None:
+        """A decode member's request whose prompt was prefilled elsewhere: its KV arrives over the link first."""
+        kv = self.kv_transfer
+        if kv is None or not has_remote_prefill(body.get("kv_transfer_params")):
+            return
+        seconds = kv.seconds(group.prompt_len)
+        group.remote_tokens = group.prompt_len - 1  # vLLM's decode instance computes the last prompt token itself
+        group.arrival_v += seconds
+        if kv.nixl:
+            self.registry.observe(0, "vllm:nixl_xfer_time_seconds", seconds, group.multiplicity)
+            self.registry.observe(0, "vllm:nixl_bytes_transferred", kv.bytes_of(group.prompt_len), group.multiplicity)
+
+    def _kv_answer(self, response: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+        """A prefill member's answer names the blocks a decode member pulls (NIXL's ``kv_transfer_params``)."""
+        kv = self.kv_transfer
+        if kv is not None and wants_remote_decode(body.get("kv_transfer_params")):
+            blocks = -(-int(response.get("usage", {}).get("prompt_tokens", 0)) // self.config.block_size)
+            response["kv_transfer_params"] = kv.prefill_answer(list(range(blocks)), self.frontend.host,
+                                                               self.frontend.port, self.config.tp)
+        return response
 
     # -- time ----------------------------------------------------------------------------------------
     def now_v(self) -> float:
@@ -239,7 +285,7 @@ class EmulatedServer:
         return max(1, min(self.units.multiplicity, copies))
 
     def _submit(self, prompt_ids: Sequence[int], output_ids: Sequence[int], finish_reason: str,
-                copies: int | None = None) -> tuple[Group, StreamSink]:
+                copies: int | None = None, body: Mapping[str, Any] | None = None) -> tuple[Group, StreamSink]:
         if self.dead:
             raise ApiError(ENGINE_DEAD, 500, "InternalServerError")
         sink = StreamSink()
@@ -247,6 +293,8 @@ class EmulatedServer:
         group = Group(self._uid, copies or self.units.multiplicity, len(prompt_ids), max(1, len(output_ids)),
                       max(self.now_v(), self.node.now_v),
                       token_ids=[*prompt_ids, *output_ids], sink=sink, finish_reason=finish_reason)
+        if body is not None:
+            self._remote_prefill(group, body)
         self.node.submit(group)
         self._sinks.add(sink)
         self._wake.set()
@@ -414,7 +462,7 @@ class EmulatedServer:
             output = filler_ids(stable_hash("filler", ids[:64], len(ids)), natural)
         finish = "length" if len(output) >= max_tokens else "stop"
         answer = Answer.new("cmpl", model, ids, output, finish)
-        group, sink = self._submit(ids, output, finish, self._copies(request))
+        group, sink = self._submit(ids, output, finish, self._copies(request), body)
         return_ids = bool(body.get("return_token_ids"))
         if body.get("stream"):
             return await self._stream(request, answer, group, sink, chat=False, body=body)
@@ -422,8 +470,9 @@ class EmulatedServer:
         lps = completion_logprobs(self.pseudo, answer, int(logprobs_k)) if logprobs_k is not None else None
         plps = prompt_logprobs(self.pseudo, ids, int(prompt_k)) if prompt_k is not None else None
         echo = TOKENIZER.decode(ids) if body.get("echo") else ""
-        return web.json_response(completion_response(answer, logprobs=lps, prompt_lps=plps, return_token_ids=return_ids,
-                                                     echo_text=echo))
+        return web.json_response(self._kv_answer(
+            completion_response(answer, logprobs=lps, prompt_lps=plps, return_token_ids=return_ids, echo_text=echo),
+            body))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
@@ -457,14 +506,15 @@ class EmulatedServer:
             and tool_choice != "none", filler_seed=stable_hash("chat", ids[-64:]))
         answer = Answer.new("chatcmpl", model, ids, output.ids, output.finish_reason, chat=output)
         group, sink = self._submit(ids, output.ids, "length" if output.finish_reason == "length" else "stop",
-                                   self._copies(request))
+                                   self._copies(request), body)
         if body.get("stream"):
             return await self._stream(request, answer, group, sink, chat=True, body=body)
         await self._finished(group, sink)
         prompt_text = rendered.prompt if body.get("return_prompt_text") else None
         lps = chat_logprobs(self.pseudo, answer, int(body.get("top_logprobs") or 0)) if body.get("logprobs") else None
-        return web.json_response(chat_response(answer, prompt_text=prompt_text, logprobs=lps,
-                                               return_token_ids=bool(body.get("return_token_ids"))))
+        return web.json_response(self._kv_answer(
+            chat_response(answer, prompt_text=prompt_text, logprobs=lps,
+                          return_token_ids=bool(body.get("return_token_ids"))), body))
 
     async def _finished(self, group: Group, sink: StreamSink) -> None:
         try:
