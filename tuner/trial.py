@@ -295,7 +295,8 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 model=ctx.served_model_name, trial_dir=tdir,
                 study_dir=tdir.parent.parent, params=config.params, args=config.args,
                 is_speculative=config.is_speculative,
-                control_key=config.control().key() if config.is_speculative else None, kv_cache_tokens=kv_tokens))
+                control_key=config.control().key() if config.is_speculative else None, kv_cache_tokens=kv_tokens,
+                dialect=ctx.engine.api_dialect))
             store.write_json(tdir / "guards.json", guard_report.to_json())
             if not guard_report.passed:
                 died = _HealthWatch(server, ctx.health_poll_s).settle()  # a gate that failed on a dead server
