@@ -46,10 +46,18 @@ class Stream:
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    server_prompt_tok_s: float | None = None
+    """The server's own prompt-processing speed for this request (llama-server's ``timings``), if it sent one."""
+    server_decode_tok_s: float | None = None
+    """The server's own decode speed for this request (``timings.predicted_per_second``), if it sent one."""
 
 
 def _as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _as_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def take_event(payload: str, stream: Stream) -> None:
@@ -85,6 +93,10 @@ def take_event(payload: str, stream: Stream) -> None:
         if stream.first_text_index is None and has_token:
             stream.first_text_index = len(stream.chunk_t)
         stream.chunk_t.append(now)
+    timings = data.get("timings")  # llama-server: prompt and decode speed of this request, measured apart
+    if isinstance(timings, dict):
+        stream.server_prompt_tok_s = _as_float(timings.get("prompt_per_second"))
+        stream.server_decode_tok_s = _as_float(timings.get("predicted_per_second"))
     usage = data.get("usage")
     if isinstance(usage, dict):
         completion = _as_int(usage.get("completion_tokens"))
