@@ -1,5 +1,7 @@
 """Checks that run before a launch, so no launch is spent on a configuration that cannot work.
 
+0. On a unified-memory host (``unified_memory`` in the profile: Strix Halo, a CPU), the files the launch reads,
+   its KV cache and compute buffers against the host's limit (:mod:`tuner.search.unified`).
 1. The feasibility model (memory, KV capacity, rules), where the study serves a catalogued checkpoint;
    its KV bytes per token is refitted to every launched trial's logged KV capacity (:meth:`observe`),
    as far as the fit is trusted (:class:`~tuner.search.feasibility.KvCalibration`).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from tuner.engines import Engine, default_engine
@@ -37,6 +40,7 @@ from tuner.search.feasibility import (
 )
 from tuner.search.profile import HardwareProfile
 from tuner.search.space import ServeConfig
+from tuner.search.unified import unified_fit
 
 __all__ = ["LaunchTarget", "PreLaunch", "Refusal"]
 
@@ -149,6 +153,10 @@ class PreLaunch:
             return Refusal(FailureClass.INFEASIBLE.value, f"pruned by what an out-of-memory taught: {lesson.describe()}"
                            + (f" ({lesson.evidence})" if lesson.evidence else ""),
                            {"lesson": lesson.to_json()}, rule="learned_oom")
+        if self.profile.unified_memory is not None:
+            refusal = self._unified_refusal(config, ctx)
+            if refusal is not None:
+                return refusal
         if self.checkpoint is not None:
             verdict = feasibility.check(self.profile, config, self.checkpoint, self.objective.workload,
                                         self.calibration)
@@ -173,3 +181,16 @@ class PreLaunch:
                                f"rejected by {ctx.engine.title}'s own argument checks before launch: "
                                + "; ".join(problems), {"problems": problems}, rule="engine_args")
         return None
+
+    def _unified_refusal(self, config: ServeConfig, ctx: LaunchTarget) -> Refusal | None:
+        """A unified-memory host: the files this launch would read, its KV and compute, against the limit."""
+        memory = self.profile.unified_memory
+        assert memory is not None
+        options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=ctx.port or 8000,
+                                           served_model_name=ctx.served_model_name)
+        weights = float(sum(Path(f).stat().st_size for f in ctx.engine.model_files(options)))
+        fit = unified_fit(memory, config.args, target_bytes=weights, draft_bytes=0.0)
+        if fit.ok:
+            return None
+        return Refusal(FailureClass.INFEASIBLE.value, f"pruned by the unified memory model: {fit.describe()}",
+                       {"unified_memory": fit.to_json()}, rule="unified_memory")
