@@ -248,8 +248,10 @@ def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, o
         "topology": {"tensor_parallel_size": args.get("tensor-parallel-size", 1),
                      "data_parallel_size": args.get("data-parallel-size", 1),
                      "expert_parallel": bool(args.get("enable-expert-parallel", False))},
-        "kv_cache_dtype": args.get("kv-cache-dtype", "auto"),
-        "context": args.get("max-model-len"),
+        # vLLM's option names, else llama-server's (K and V cache types apart, the context it allocates)
+        "kv_cache_dtype": args.get("kv-cache-dtype") or (
+            f"{args.get('cache-type-k', 'f16')}/{args.get('cache-type-v', 'f16')}" if "ctx-size" in args else "auto"),
+        "context": args.get("max-model-len") or args.get("ctx-size"),
         "runtime": {**runtime_identity(), "vllm_server": outcome.get("server_metrics", {}).get("server_version")},
         "engine": {"name": study_obj.engine.name, "title": study_obj.engine.title,
                    "units": study_obj.engine.units.to_json(), "rehearsal": study_obj.record.rehearsal},

@@ -190,9 +190,12 @@ def scrape_metrics(server: ServerProcess, path: str) -> dict[Any, float]:
 
 
 def _server_version(server: ServerProcess, path: str) -> str | None:
+    """``version`` of the engine's version page (vLLM's ``/version``), or ``build_info`` (llama-server's ``/props``)."""
     try:
         resp = httpx.get(server.base_url + path, timeout=5.0, headers=server.headers)
-        return str(resp.json().get("version")) if resp.status_code == 200 else None
+        body = resp.json() if resp.status_code == 200 else {}
+        found = body.get("version") or body.get("build_info")
+        return str(found) if found else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
 

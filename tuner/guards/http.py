@@ -219,9 +219,12 @@ class GuardClient:
 
         The lists have one entry per token after the first; entries before ``scored_from`` are 0.0 and ``{}``
         where the dialect scores no prompt tokens (llama-server: ``scored_from`` is the prompt's last index).
+        A speculating llama-server reports logprob 0.0 for every drafted token it accepts (measured on the
+        pinned build: docs/decisions.md, issue 28), so there each position is scored by a request of its own,
+        whose one token the target computes.
         """
         if self.llamacpp:
-            return self._forced_llamacpp(sequence, top_k, scored_from)
+            return self._forced_llamacpp(sequence, top_k, scored_from, one_per_request=self.target.is_speculative)
         body = self.completion({"prompt": sequence, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k})
         choices = body.get("choices") or [{}]
         entries = choices[0].get("prompt_logprobs") if isinstance(choices[0], dict) else None
@@ -237,7 +240,7 @@ class GuardClient:
             top.append(dict(ranked[:top_k]))
         return logprobs, top
 
-    def _forced_llamacpp(self, sequence: list[int], top_k: int, scored_from: int
+    def _forced_llamacpp(self, sequence: list[int], top_k: int, scored_from: int, *, one_per_request: bool = False
                          ) -> tuple[list[float], list[dict[str, float]]]:
         """llama-server scores generated tokens only (``n_probs``): a greedy request from the prompt scores the
         completion while it follows ``sequence``; where ``sequence`` has a token the server would not have
@@ -247,11 +250,13 @@ class GuardClient:
         logprobs: list[float] = [0.0] * (start - 1)
         top: list[dict[str, float]] = [{} for _ in range(start - 1)]
         rest = sequence[start:]
-        steps = self._scored_steps(sequence[:start], len(rest), top_k)
-        first = 0  # the position steps[0] scores
+        def ask(i: int) -> list[tuple[int, float, dict[str, float]]]:
+            return self._scored_steps(sequence[:start + i], 1 if one_per_request else len(rest) - i, top_k)
+
+        steps, first = ask(0), 0  # first: the position steps[0] scores
         for i, token in enumerate(rest):
             if i - first >= len(steps):  # past what the last request followed: ask again from here
-                steps, first = self._scored_steps(sequence[:start + i], len(rest) - i, top_k), i
+                steps, first = ask(i), i
             chosen, own, alternatives = steps[i - first]
             if token == chosen:
                 logprobs.append(own)

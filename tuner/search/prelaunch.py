@@ -119,6 +119,11 @@ class PreLaunch:
         """
         if failure_class != FailureClass.OOM.value or (trial is not None and trial in self.failed_trials):
             return
+        if self.profile.unified_memory is not None:
+            # a lesson is read in vLLM's memory options (gpu-memory-utilization, max-num-seqs...); a unified-memory
+            # host's launches have none of them and its memory model prices each launch already
+            log.info("feasibility: trial %s ran out of memory on a unified-memory host: %s", trial, evidence[:200])
+            return
         if trial is not None:
             self.failed_trials.add(trial)
         lesson = lesson_from_oom(args, during="load" if started else "start", trial=trial, evidence=evidence[:300])

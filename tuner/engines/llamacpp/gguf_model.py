@@ -7,7 +7,8 @@ it, ``<folder>-gguf/``:
 - ``demo-bf16.gguf``: the target, every weight bit for bit as in ``model.safetensors`` (BF16 matrices,
   F32 norms), the Llama architecture with Q and K rows permuted to llama.cpp's rotary layout (what
   llama.cpp's own ``convert_hf_to_gguf.py`` does for Llama), the byte-level BPE tokenizer with the
-  GPT-2 pre-tokenizer, and the DeepSeek-V4 chat template of :data:`CHAT_TEMPLATE_FILE`;
+  GPT-2 pre-tokenizer (the DSML markers other than ``｜DSML｜`` as ordinary tokens: :func:`_tokenizer_fields`
+  says why), and the DeepSeek-V4 chat template of :data:`CHAT_TEMPLATE_FILE`;
 - ``demo-q8_0.gguf``: the same model with its matrices in Q8_0, the draft of the CPU profile's
   speculative trials (the Strix Halo envelopes' drafts are Q8_0/Q2_K and Q4/F16 GGUFs too).
 
@@ -45,7 +46,7 @@ CHAT_TEMPLATE_FILE = Path(__file__).resolve().parent / "dsv4_chat_template.jinja
 """DeepSeek-V4's prompt layout as a Jinja template (llama.cpp has no Python encoder): it renders what vLLM's
 ``--tokenizer-mode deepseek_v4`` renders for the gates' messages, and names ``dsml_token``, so llama-server
 parses tool calls with its DeepSeek V3.2/V4 parser."""
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 """Raised when the conversion changes: a record of another version is converted again."""
 
 
@@ -193,14 +194,42 @@ def _gguf_tensors(config: dict[str, Any], tensors: dict[str, Any]) -> Iterator[t
         yield "output.weight", tensors["lm_head.weight"]
 
 
+SPLIT_TEXT_TOKENS = frozenset({"<｜DSML｜tool_calls>"})
+"""Added text tokens written as ordinary ones: llama-server's tool-call grammar trigger (:func:`_tokenizer_fields`)."""
+
+
+def _byte_level(text: str) -> str:
+    """``text`` in GPT-2's byte-level alphabet, as a byte-level BPE vocabulary stores an ordinary token."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return "".join(table[b] for b in text.encode("utf-8"))
+
+
 def _tokenizer_fields(tokenizer: dict[str, Any], vocab_size: int) -> tuple[list[str], list[int], list[str]]:
+    """Tokens, their types and the merges. The demo's added DSML markers other than ``｜DSML｜`` itself
+    (``<｜DSML｜tool_calls>``, ``<｜DSML｜invoke``...) are whole tokens in its vocabulary, and llama-server refuses
+    a tool request whose grammar trigger (``<｜DSML｜tool_calls>``) is one token it does not preserve ("Grammar
+    trigger word should be marked as preserved token"). So they are written as ordinary tokens: the model may
+    still emit them (they decode to their text, and the parser reads the text), but text is never tokenized
+    into them: a prompt that holds a marker is tokenized into ``｜DSML｜`` and its pieces, as a vocabulary without
+    such tokens does (the real DeepSeek V4 GGUFs llama.cpp serves). Prompts without a marker are unchanged."""
     import gguf
 
     vocab: dict[str, int] = dict(tokenizer["model"]["vocab"])
     types = {i: int(gguf.TokenType.NORMAL) for i in vocab.values()}
     for added in tokenizer.get("added_tokens", []):
-        vocab[added["content"]] = int(added["id"])
-        types[int(added["id"])] = int(gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED)
+        content, index = str(added["content"]), int(added["id"])
+        if added.get("special"):
+            vocab[content], types[index] = index, int(gguf.TokenType.CONTROL)
+        elif content in SPLIT_TEXT_TOKENS:
+            vocab[_byte_level(content)], types[index] = index, int(gguf.TokenType.NORMAL)
+        else:
+            vocab[content], types[index] = index, int(gguf.TokenType.USER_DEFINED)
     by_id = {i: t for t, i in vocab.items()}
     if sorted(by_id) != list(range(vocab_size)):
         raise UsageError(f"the demo tokenizer's ids are not 0..{vocab_size - 1}; the converter cannot lay them out")

