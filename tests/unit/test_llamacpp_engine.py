@@ -118,3 +118,49 @@ def test_strixhalo_envelopes_fit_the_unified_memory_and_one_that_does_not_is_ref
            "cache-type-k": "f16", "cache-type-v": "f16"}
     fit = unified_fit(memory, f16, target_bytes=104.21e9, draft_bytes=6.98e9)
     assert not fit.ok and "does not fit" in fit.describe()
+
+
+def test_a_gate_not_run_is_said_everywhere_and_is_never_a_pass() -> None:
+    from tuner.guards.api import GuardReport, GuardResult
+
+    ran = GuardResult("needle", "needle", True, "3 needle(s) retrieved")
+    skipped = GuardResult.skipped("equivalence", "equivalence", "the server returned no logprobs")
+    report = GuardReport((ran, skipped))
+    assert not skipped.passed and skipped.not_run and skipped.detail.startswith("not run: ")
+    assert report.passed  # the gates that ran passed: the trial goes on, and says what did not run
+    assert report.to_json()["not_run"] == ["equivalence"]
+    assert "not run: the server returned no logprobs" in report.reason
+    failed = GuardReport((GuardResult("needle", "needle", False, "lacks the code"), skipped))
+    assert not failed.passed and failed.reason.startswith("needle: lacks the code")
+
+
+def test_the_unified_memory_model_refuses_a_launch_before_it_starts(tmp_path: Path) -> None:
+    from dataclasses import dataclass, field
+
+    from tuner.objective import load_objective
+    from tuner.search.prelaunch import PreLaunch
+
+    profile = load_profile("cpu-llamacpp")  # host_limit_gib 2
+    target = tmp_path / "weights.gguf"
+
+    @dataclass(frozen=True)
+    class Target:
+        engine: LlamaCppEngine = field(default_factory=LlamaCppEngine)
+        server_cmd: tuple[str, ...] = ("llama-server",)
+        model: str = str(target)
+        host: str = "127.0.0.1"
+        port: int | None = None
+        served_model_name: str = "demo"
+
+    checks = PreLaunch(profile, None, load_objective("throughput"), "off", LlamaCppEngine())
+    defaults = build_config(profile, profile.baselines[0].values)
+    for gib, fits in ((1.5, True), (2.1, False)):
+        with target.open("wb") as fh:  # a sparse file of that many GiB: the weights the launch would read
+            fh.truncate(int(gib * 2**30))
+        refusal = checks.check(defaults, Target())
+        assert (refusal is None) == fits, refusal
+    assert refusal is not None and refusal.rule == "unified_memory" and refusal.failure_class == "infeasible"
+    assert "does not fit: weights 2.10" in refusal.reason
+    draft = build_config(profile, profile.baselines[1].values)  # its draft file is not beside the target
+    missing = checks.check(draft, Target())
+    assert missing is not None and "demo-q8_0.gguf" in missing.reason and missing.rule == "model_files"

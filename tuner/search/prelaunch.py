@@ -193,7 +193,13 @@ class PreLaunch:
         assert memory is not None
         options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=ctx.port or 8000,
                                            served_model_name=ctx.served_model_name)
-        weights = float(sum(Path(f).stat().st_size for f in ctx.engine.model_files(options)))
+        files = [Path(f) for f in ctx.engine.model_files(options)]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            return Refusal(FailureClass.BAD_FLAG.value, f"the launch would read {', '.join(missing)}, which is not "
+                           "there. Fix: put the file there, or name the one you have (--model; the profile's "
+                           "speculative.config.draft_model)", {"missing": missing}, rule="model_files")
+        weights = float(sum(f.stat().st_size for f in files))
         fit = unified_fit(memory, config.args, target_bytes=weights, draft_bytes=0.0)
         if fit.ok:
             return None
