@@ -17,6 +17,7 @@ import csv
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,7 @@ def _launch(study: Path, outcome_path: Path, rows: dict[str, dict[str, str]]) ->
     return {"launch": f"{folder.parent.name}/{folder.name}", "baseline": row.get("baseline") or None,
             "draft_tokens": (config.get("params") or {}).get("speculative.draft_tokens", 0),
             "ok": outcome.get("ok"), "failure_class": outcome.get("failure_class"),
-            "reason": (outcome.get("reason") or "")[:160].replace(str(study), "runs/<study>"),
+            "reason": re.sub(r" \(log: [^)]*\)", "", outcome.get("reason") or "")[:200],
             "ready_s": _round(outcome.get("ready_s"), 2), "duration_s": _round(outcome.get("duration_s")),
             "gates": [{"name": g["name"], "passed": g["passed"], "not_run": g.get("not_run", False),
                        "elapsed_s": _round(g.get("evidence", {}).get("elapsed_s"), 2)} for g in gates],

@@ -54,7 +54,8 @@ def launches(folder: Path) -> str:
             f"{_cell(x['ready_s'], '.2f')} | "
             + (f"{sum(g['passed'] for g in ran)} / {len(ran)}" if gates else "–")
             + f" | {_cell(sum(g['elapsed_s'] or 0.0 for g in gates) if gates else None, '.1f')} | "
-            f"{_cell(x['output_throughput'])} | {_cell(x['server_prompt_tok_s'])} | {_cell(x['server_decode_tok_s'])} | "
+            f"{_cell(x['output_throughput'])} | {_cell(x['server_prompt_tok_s'])} | "
+            f"{_cell(x['server_decode_tok_s'])} | "
             f"{_cell(x['metrics_decode_tok_s'])} | {_cell(x['draft_acceptance'], '.3f')} |")
     return "\n".join(rows)
 
