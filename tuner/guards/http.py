@@ -157,8 +157,8 @@ class GuardClient:
             prompt = self.post("/apply-template", chat).get("prompt")
             if not isinstance(prompt, str):
                 raise ProbeFailure("POST /apply-template returned no prompt")
-            # the template writes the BOS itself: tokenize its text as it is, special tokens parsed
-            body = self.post("/tokenize", {"content": prompt, "add_special": False, "parse_special": True})
+            # llama-server leaves the template's BOS out of this text and adds the token when it serves the chat
+            body = self.post("/tokenize", {"content": prompt, "add_special": True, "parse_special": True})
         else:
             body = self.post("/tokenize", {"model": self.target.model, **payload})
         return [int(t) for t in body.get("tokens", [])]
