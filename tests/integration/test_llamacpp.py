@@ -11,7 +11,8 @@ converted to GGUF by the tool and checked against its manifest. Two module fixtu
 - ``study``: ``dsv4-tune --hw cpu-llamacpp --objective throughput --trials 4`` as a user runs it: the baselines
   (llama-server's defaults, and the same with the Q8_0 draft, whose no-draft control is the defaults trial)
   and two drawn trials, every gate through llama-server's API (tool calls, reasoning split, needle,
-  logprob equivalence), a confirmation, the export; then ``verify`` serves ``best/serve.sh`` again.
+  logprob equivalence), a confirmation, the export (``--accept-unconfirmed``: a confirmation on a shared
+  machine may rightly reject); then ``verify`` serves ``best/serve.sh`` again.
 
 Run alone (2 cores): ``flock /tmp/dsv4-vllm.lock pytest tests/integration/test_llamacpp.py``.
 """
@@ -176,8 +177,11 @@ def _cli(*args: str, runs: Path, timeout_s: float = 900) -> subprocess.Completed
 def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs = tmp_path_factory.mktemp("runs")
     started = time.monotonic()
+    # --accept-unconfirmed: on a 2-core machine shared with other work, the confirmation's two repeats may
+    # disagree past its 25 % (seen: 598 and 370 tok/s as the load average fell from 50 to 9); the tool then
+    # rightly confirms nothing, and this test is about the mechanics, so the winner is exported labelled so
     run = _cli("--hw", "cpu-llamacpp", "--objective", "throughput", "--trials", "4", "--study", STUDY,
-               "--confirm-top-k", "1", "--confirm-repeats", "2", runs=runs)
+               "--confirm-top-k", "1", "--confirm-repeats", "2", "--accept-unconfirmed", runs=runs)
     run_s = time.monotonic() - started
     started = time.monotonic()
     verify = _cli("verify", STUDY, "--repeats", "2", runs=runs) if run.returncode == 0 else None
