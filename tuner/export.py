@@ -1,8 +1,10 @@
 """Export the best feasible trial as launch files: ``runs/<study>/best/``.
 
-    profile.yaml    options for ``vllm serve --config profile.yaml``
-    serve.sh        starts it, with the environment the winner needs (no secrets)
-    identity.json   the serving identity and the figures behind the choice
+    profile.yaml    the winner's options (for vLLM: ``vllm serve --config profile.yaml``)
+    serve.sh        starts it, with the environment the winner needs (no secrets); for llama-server, whose
+                    program reads no config file, with the flags spelled out
+    identity.json   the serving identity and the figures behind the choice (weight files by sha256 where the
+                    engine names them: a GGUF target and its draft)
     evidence/       the winning trial's records (config, command, outcome, load summary, metrics)
 
 A prefill/decode winner (issue 27) is several servers and a router: ``members/<member>.yaml`` holds each
@@ -60,6 +62,19 @@ def model_identity(model: str) -> dict[str, Any]:
             "architectures": config.get("architectures"), "model_type": config.get("model_type")}
 
 
+def model_files(paths: list[str]) -> list[dict[str, Any]]:
+    """Each weight file a launch reads (the engine's ``model_files``: GGUF target and draft), by sha256."""
+    out: list[dict[str, Any]] = []
+    for name in paths:
+        path = Path(name)
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        out.append({"file": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
+    return out
+
+
 def _failure_counts(study: optuna.Study) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for t in study.get_trials(deepcopy=False):
@@ -69,13 +84,20 @@ def _failure_counts(study: optuna.Study) -> dict[str, int]:
     return dict(counts)
 
 
-def serve_script(study_name: str, trial_number: int, headline: str, env: dict[str, str], server_cmd: str) -> str:
+VLLM_SERVE_COMMAND = 'exec "${server_argv[@]}" serve --config "$here/profile.yaml" "$@"'
+"""``serve.sh``'s last line for vLLM (``Engine.serve_command``: llama-server's spells out its flags)."""
+
+
+def serve_script(study_name: str, trial_number: int, headline: str, env: dict[str, str], server_cmd: str, *,
+                 command_env: str = "VLLM_CMD", serve_command: str = VLLM_SERVE_COMMAND) -> str:
+    """``serve.sh``: the environment the winner needs (no secrets), the program from ``$command_env`` (the
+    study's by default), and the engine's ``serve_command``."""
     lines = [
         "#!/usr/bin/env bash",
         f"# dsv4-tune export: study {study_name}, trial {trial_number}",
         *(f"# {line}" for line in headline.splitlines()),
-        "# Secrets (HF_TOKEN, VLLM_API_KEY, ...) are taken from your environment; none is written here.",
-        "# Extra vllm flags may follow: ./serve.sh --port 9000",
+        "# Secrets (HF_TOKEN, VLLM_API_KEY, LLAMA_API_KEY, ...) are taken from your environment; none is written here.",
+        "# Extra server flags may follow: ./serve.sh --port 9000",
         "set -euo pipefail",
         'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
     ]
@@ -83,9 +105,9 @@ def serve_script(study_name: str, trial_number: int, headline: str, env: dict[st
         if store.SECRET_NAME.search(key):
             continue
         lines.append(f"export {key}={shlex.quote(value)}")
-    lines.append(f"VLLM_CMD=${{VLLM_CMD:-{shlex.quote(server_cmd)}}}")
-    lines.append('read -r -a vllm_argv <<< "$VLLM_CMD"')
-    lines.append('exec "${vllm_argv[@]}" serve --config "$here/profile.yaml" "$@"')
+    lines.append(f"{command_env}=${{{command_env}:-{shlex.quote(server_cmd)}}}")
+    lines.append(f'read -r -a server_argv <<< "${command_env}"')
+    lines.append(serve_command)
     return "\n".join(lines) + "\n"
 
 
@@ -153,12 +175,14 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfi
         header = (f"# dsv4-tune export: study {study_obj.record.name}, trial {winner.trial}\n"
                   + "".join(f"# {line}\n" for line in head.splitlines()))
         env = {k: v for k, v in command.get("env", {}).items() if k != study_obj.engine.api_key_env}
+        engine = study_obj.engine
         if config.get("disaggregation"):
             _write_pools(best_dir, study_obj, config["disaggregation"], header, head, env, ctx_model, served)
         else:
             store.write_text(best_dir / "profile.yaml", header + yaml.safe_dump(options, sort_keys=False))
             store.write_text(best_dir / "serve.sh",
-                             serve_script(study_obj.record.name, winner.trial, head, env, study_obj.record.server_cmd),
+                             serve_script(study_obj.record.name, winner.trial, head, env, study_obj.record.server_cmd,
+                                          command_env=engine.command_env, serve_command=engine.serve_command(options)),
                              mode=0o755)
         identity = _identity(study_obj, study, winner.trial, winner.value, options, outcome, ctx_model)
         if config.get("disaggregation"):
@@ -281,12 +305,15 @@ def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, o
         "checkpoint": {**model_identity(model),
                        **({"catalog": study_obj.checkpoint.model_dump(mode="json")} if study_obj.checkpoint else {})},
         "draft": args.get("speculative-config"),
+        "model_files": model_files(study_obj.engine.model_files(options)),
         "hardware_profile": {"name": profile.name, **profile.hardware.model_dump()},
         "topology": {"tensor_parallel_size": args.get("tensor-parallel-size", 1),
                      "data_parallel_size": args.get("data-parallel-size", 1),
                      "expert_parallel": bool(args.get("enable-expert-parallel", False))},
-        "kv_cache_dtype": args.get("kv-cache-dtype", "auto"),
-        "context": args.get("max-model-len"),
+        # vLLM's option names, else llama-server's (K and V cache types apart, the context it allocates)
+        "kv_cache_dtype": args.get("kv-cache-dtype") or (
+            f"{args.get('cache-type-k', 'f16')}/{args.get('cache-type-v', 'f16')}" if "ctx-size" in args else "auto"),
+        "context": args.get("max-model-len") or args.get("ctx-size"),
         "runtime": {**runtime_identity(), "vllm_server": outcome.get("server_metrics", {}).get("server_version")},
         "engine": {"name": study_obj.engine.name, "title": study_obj.engine.title,
                    "units": study_obj.engine.units.to_json(), "rehearsal": study_obj.record.rehearsal},

@@ -231,10 +231,17 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                        ("failures", "Failure reasons")):
         if key in images:
             lines += [f"## {title}", "", f"![{title}]({images[key].name})", ""]
+    # the server's own prompt and decode speeds, measured apart, where it reports them (llama-server)
+    speeds = [k for k in ("median_server_prompt_tok_s", "median_server_decode_tok_s")
+              if any(k in t.user_attrs for t in ranked[:TOP_K])]
     lines += [f"## Top {TOP_K} feasible trials", "",
-              _table(["trial", obj.metric, "p95 TTFT ms", "p95 ITL ms", "flags"],
+              _table(["trial", obj.metric, "p95 TTFT ms", "p95 ITL ms",
+                      *(["prompt tok/s (server)", "decode tok/s (server)"] if speeds else []), "flags"],
                      [[t.number, f"{t.value:.2f}", f"{t.user_attrs.get('p95_ttft_ms', float('nan')):.1f}",
-                       f"{t.user_attrs.get('p95_itl_ms', float('nan')):.1f}", f"`{_flags(study_obj, t)}`"]
+                       f"{t.user_attrs.get('p95_itl_ms', float('nan')):.1f}",
+                       *[f"{t.user_attrs.get(k, float('nan')):.1f}" for k in (
+                           ("median_server_prompt_tok_s", "median_server_decode_tok_s") if speeds else ())],
+                       f"`{_flags(study_obj, t)}`"]
                       for t in ranked[:TOP_K]]), ""]
     confirmations = study_obj.confirmations(study)
     if confirmations:

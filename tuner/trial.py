@@ -201,11 +201,14 @@ def scrape_metrics(server: Served, path: str) -> dict[Any, float]:
 
 
 def _server_version(server: Served, path: str) -> str | None:
+    """``version`` of the engine's version page (vLLM's ``/version``), or ``build_info`` (llama-server's ``/props``)."""
     if isinstance(server, ServerGroup):  # the router answers no /version: ask a member
         server = server.members[0].process
     try:
         resp = httpx.get(server.base_url + path, timeout=5.0, headers=server.headers)
-        return str(resp.json().get("version")) if resp.status_code == 200 else None
+        body = resp.json() if resp.status_code == 200 else {}
+        found = body.get("version") or body.get("build_info")
+        return str(found) if found else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
 
@@ -338,7 +341,8 @@ def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *,
                 model=ctx.served_model_name, trial_dir=tdir,
                 study_dir=tdir.parent.parent, params=config.params, args=config.args,
                 is_speculative=config.is_speculative,
-                control_key=config.control().key() if config.is_speculative else None, kv_cache_tokens=kv_tokens))
+                control_key=config.control().key() if config.is_speculative else None, kv_cache_tokens=kv_tokens,
+                dialect=ctx.engine.api_dialect))
             store.write_json(tdir / "guards.json", guard_report.to_json())
             if not guard_report.passed:
                 died = _HealthWatch(server, ctx.health_poll_s).settle()  # a gate that failed on a dead server

@@ -1,8 +1,9 @@
 """Serve the exported launch file again and measure it: does ``best/serve.sh`` give what the report says?
 
 ``dsv4-tune verify NAME`` starts ``runs/NAME/best/serve.sh`` as it is (only ``--port`` is added, which
-the script passes on to ``vllm serve``; the API key travels in ``VLLM_API_KEY`` as for every trial,
-and ``VLLM_CMD`` names the vLLM the study ran, which the script reads), through the process helper on
+the script passes on to the server; the API key travels in the engine's variable as for every trial,
+and ``VLLM_CMD`` (``LLAMA_SERVER_CMD`` for llama-server) names the program the study ran, which the script
+reads), through the process helper on
 the study's server cores. It then measures it with the confirmation's workload: the objective's
 workload with ``workload_scale`` × the prompts, at the concurrency the winner's screening ladder chose,
 ``repeats`` times, each repeat on prompts of its own.
@@ -62,11 +63,11 @@ def reserve_objective(study: Study, screened_concurrency: int | None, repeat: in
 
 
 def _served_name(best: Path) -> str | None:
-    """``served-model-name`` of the exported ``profile.yaml`` (the name requests must use)."""
+    """``served-model-name`` (llama-server: ``alias``) of the exported ``profile.yaml`` (the name requests use)."""
     data = yaml.safe_load((best / "profile.yaml").read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         return None
-    name = data.get("served-model-name") or data.get("model")
+    name = data.get("served-model-name") or data.get("alias") or data.get("model")
     return str(name) if name else None
 
 
@@ -103,9 +104,9 @@ def verify_export(study: Study, *, repeats: int | None = None,
     port = choose_port(ctx.host, study.record.port)
     api_key = ctx.api_key or secrets.token_urlsafe(24)
     served = _served_name(best) or ctx.served_model_name
-    server_cmd = " ".join(ctx.server_cmd)  # serve.sh splits VLLM_CMD on blanks (read -a), as export writes it
+    server_cmd = " ".join(ctx.server_cmd)  # serve.sh splits it on blanks (read -a), as export writes it
     argv = [str(serve_sh), "--port", str(port)]
-    env = {study.engine.api_key_env: api_key, "VLLM_CMD": server_cmd}
+    env = {study.engine.api_key_env: api_key, study.engine.command_env: server_cmd}
     split = ctx.cpu_split
     spec = LaunchSpec(argv=argv, env=env, host=ctx.host, port=port, workdir=out_dir,
                       ready_timeout_s=ctx.ready_timeout_s, api_key=api_key, model_name=served,

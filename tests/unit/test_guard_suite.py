@@ -144,7 +144,7 @@ def test_tool_call_round_trip_passes_and_sends_the_dsv4_shapes(fake: tuple[_Serv
         {"name": "get_weather", "arguments": '{"city": "Oslo"}'}]
     assert p1 == "/v1/chat/completions" and auth == f"Bearer {KEY}"
     assert first["tools"] == TOOLS and first["tool_choice"] == "auto" and first["temperature"] == 0.0
-    assert first["chat_template_kwargs"] == {"thinking": False}
+    assert first["chat_template_kwargs"] == {"thinking": False, "enable_thinking": False}
     assistant, tool = second["messages"][-2:]
     assert assistant["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert tool == {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "grey"}'}
@@ -229,7 +229,8 @@ def test_reasoning_split_and_carry_pass(fake: tuple[_Server, str], tmp_path: Pat
     result = ReasoningGuard("reasoning", REASONING_SPEC).run(_target(url, tmp_path))
     assert result.passed, result.detail
     follow = state.requests[-1][1]
-    assert follow["chat_template_kwargs"] == {"thinking": True} and follow["return_prompt_text"] is True
+    assert follow["chat_template_kwargs"] == {"thinking": True, "enable_thinking": True}
+    assert follow["return_prompt_text"] is True
     assert follow["messages"][-2]["reasoning_content"] == "I should call get_weather."
     assert result.evidence["probes"][0]["streamed_response"] == {"reasoning": "two and two make four",
                                                                  "content": "4"}
@@ -251,7 +252,8 @@ def test_reasoning_split_only_when_not_streamed_fails(fake: tuple[_Server, str],
     assert not result.passed and "s: streamed: no reasoning field in the response" in result.detail
     assert result.evidence["probes"][0]["response"]["reasoning"] == "two and two make four"
     streamed_requests = [body for _, body, _ in state.requests if body.get("stream")]
-    assert len(streamed_requests) == 1 and streamed_requests[0]["chat_template_kwargs"] == {"thinking": True}
+    assert len(streamed_requests) == 1
+    assert streamed_requests[0]["chat_template_kwargs"] == {"thinking": True, "enable_thinking": True}
 
 
 def test_reasoning_fails_when_unsplit_or_not_carried(fake: tuple[_Server, str], tmp_path: Path) -> None:

@@ -95,10 +95,12 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
     from tuner.engines import DEFAULT_ENGINE  # the study and its Optuna load only for the commands that run one
     from tuner.engines.registry import engine_class
     from tuner.engines.vllm import DEFAULT_VLLM_CMD
+    from tuner.search import load_profile
     from tuner.study import ConfirmSpec, new_record, resolve_model
 
     budget_s = parse_duration(args.budget) if args.budget else None
-    engine = getattr(args, "engine", None) or DEFAULT_ENGINE
+    # --engine, else the engine the hardware profile names (server.engine: llamacpp on strixhalo), else vLLM
+    engine = getattr(args, "engine", None) or load_profile(args.hw).server.engine or DEFAULT_ENGINE
     # --vllm-cmd's default is vLLM's; another engine runs its own program unless one is given.
     default_cmd = engine_class(engine).default_command
     server_cmd = default_cmd if args.server_cmd in (None, DEFAULT_VLLM_CMD) else args.server_cmd
@@ -115,8 +117,6 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
     engine_class(engine)().resolve_command(record.server_cmd)
     resolve_model(record.model, args.runs_dir)
     if record.trials is None and record.budget_s is None:  # the command as the design writes it: one night
-        from tuner.search import load_profile
-
         record = record.model_copy(update={"budget_s": load_profile(record.hw).server.night_budget_s})
     return record
 

@@ -339,16 +339,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from tuner.search import build_plan, format_plan
+    from tuner.engines import DEFAULT_ENGINE
+    from tuner.engines.registry import engine_class
+    from tuner.search import build_plan, format_plan, load_profile
 
     budget_s = parse_duration(args.budget) if args.budget else None
-    report = build_plan(args.hw, args.objective, budget_s, args.checkpoint)
+    engine = engine_class(load_profile(args.hw).server.engine or DEFAULT_ENGINE)()  # the engine `run` would use
+    report = build_plan(args.hw, args.objective, budget_s, args.checkpoint, engine=engine)
     console.print(format_plan(report), markup=False, soft_wrap=True)
-    console.print(_prior_section(args.hw, args.objective, args.checkpoint), markup=False, soft_wrap=True)
+    if report.envelopes is None:  # the performance model's prior is vLLM's on a GPU node
+        console.print(_prior_section(args.hw, args.objective, args.checkpoint), markup=False, soft_wrap=True)
     for ruled_out in _probed_on_this_host(args.hw):
         console.print(f"Ruled out on this host before any launch: {ruled_out.describe()}", markup=False,
                       soft_wrap=True)
-    engine = default_engine()
     checks = ("will run before every launch" if engine.can_validate() else  # when not, the engine logs why
               "cannot run in this environment (the reason is logged above): configurations launch unchecked")
     console.print(f"Pre-launch argument checks (--prevalidate auto): {engine.title}'s own checks {checks}.",

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.args import parse_duration, positive_int, record_from_args
-from tuner.engines import DEFAULT_ENGINE, ENGINES
+from tuner.engines import ENGINES
 
 if TYPE_CHECKING:
     from tuner.night import NightSummary
@@ -39,9 +39,10 @@ def add_engine_args(parser: argparse.ArgumentParser, *, engine: bool = True) -> 
     """``--engine`` and the emulated node's settings (on ``run``; ``rehearse`` has the settings only)."""
     group = parser.add_argument_group("engine (docs/emulator.md: the emulated node and its units)")
     if engine:
-        group.add_argument("--engine", choices=sorted(ENGINES), default=DEFAULT_ENGINE,
-                           help="what serves the trials: vllm (default), or emulated (the emulated DeepSeek-V4-Flash "
-                           "node of --hw, from the project's performance model)")
+        group.add_argument("--engine", choices=sorted(ENGINES), default=None,
+                           help="what serves the trials: vllm, llamacpp (llama.cpp's llama-server), or emulated (the "
+                           "emulated DeepSeek-V4-Flash node of --hw, from the project's performance model); default: "
+                           "the hardware profile's server.engine, else vllm")
     group.add_argument("--time-scale", type=float, metavar="S",
                        help="emulated node: node seconds per real second (default: sized so the client keeps up)")
     group.add_argument("--startup-time-scale", type=float, metavar="S",
@@ -86,7 +87,7 @@ def add_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # 
 def describe_engine(study: Study) -> str | None:
     """One line on the engine when it is not vLLM on this node (the emulated node and its units); else None."""
     engine, units = study.engine, study.engine.units
-    if units.identity and engine.name == DEFAULT_ENGINE:
+    if units.identity and engine.name != "emulated":  # a real server (vLLM, llama-server): node units are real
         return None
     label = "REHEARSAL on " if study.record.rehearsal else ""
     return (f"{label}{engine.title} ({study.profile.name}): time scale {units.time_scale:g} node s per real s, "

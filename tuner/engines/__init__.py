@@ -7,8 +7,9 @@
     registry.py  the engines by name (``--engine``): the one place that picks an engine
     vllm/        vLLM's Engine
     emulated/    the emulated DSV4 node (``--engine emulated``, ``dsv4-tune rehearse``)
+    llamacpp/    llama.cpp's llama-server (``--engine llamacpp``, or a profile's ``server.engine``)
 
-A new engine (SGLang, llama.cpp) is a new folder here with a class that satisfies :class:`Engine`, and
+A new engine (SGLang) is a new folder here with a class that satisfies :class:`Engine`, and
 one line in ``registry.py``; nothing outside ``engines/`` imports an engine's folder.
 """
 

@@ -22,7 +22,11 @@ What an engine answers:
 - argument validation: whether its own parser is at hand (``can_validate``), and what it finds
   wrong with a launch's options (``validate``), before any launch;
 - units: how what the tuner's client measures maps to the node (``units``; the identity for a real
-  server, a time scale and a request multiplicity for the emulated node: ``docs/emulator.md``).
+  server, a time scale and a request multiplicity for the emulated node: ``docs/emulator.md``);
+- the API its gates speak (``api_dialect``: ``vllm``, OpenAI's routes with vLLM's extensions, or
+  ``llamacpp``, llama-server's own routes; :mod:`tuner.guards.http`);
+- the export: the last line of ``serve.sh`` (``serve_command``), the variable it reads the program from
+  (``command_env``), and the weight files the identity names by sha256 (``model_files``).
 """
 
 from __future__ import annotations
@@ -91,6 +95,14 @@ class Engine(Protocol):
     def probe_headers(self) -> dict[str, str]:
         """Headers the correctness gates add to their requests (the emulated node: one request, not M)."""
 
+    @property
+    def api_dialect(self) -> str:
+        """The HTTP API the gates speak to it: ``vllm`` or ``llamacpp`` (:mod:`tuner.guards.http`)."""
+
+    @property
+    def command_env(self) -> str:
+        """The environment variable the exported ``serve.sh`` reads the server program from (``VLLM_CMD``)."""
+
     # -- argv ----------------------------------------------------------------------------------------
     def resolve_command(self, command: str) -> list[str]:
         """The program (a path, a module run by a Python, or a container prefix) as argv; UsageError if absent."""
@@ -113,6 +125,15 @@ class Engine(Protocol):
 
     def version_of(self, command: Sequence[str]) -> str | None:
         """The engine version ``command`` would run (None when it cannot tell)."""
+
+    # -- the export --------------------------------------------------------------------------------
+    def serve_command(self, options: Mapping[str, Any]) -> str:
+        """The last line of the exported ``serve.sh``: exec ``"${server_argv[@]}"`` (the program) with the
+        winner's ``options`` (``profile.yaml`` beside it holds them), then ``"$@"``."""
+
+    def model_files(self, options: Mapping[str, Any]) -> list[str]:
+        """The weight files a launch of ``options`` reads, which the export's identity names by sha256
+        (empty: the identity names the model folder by its config instead)."""
 
     # -- log diagnosis -----------------------------------------------------------------------------
     def diagnose_startup(self, log_tail: str, returncode: int | None) -> Diagnosis:

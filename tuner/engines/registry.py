@@ -24,6 +24,7 @@ __all__ = ["DEFAULT_ENGINE", "ENGINES", "engine_class", "engine_options", "make_
 ENGINES: dict[str, str] = {
     "vllm": "tuner.engines.vllm.engine:VllmEngine",
     "emulated": "tuner.engines.emulated.engine:EmulatedEngine",
+    "llamacpp": "tuner.engines.llamacpp.engine:LlamaCppEngine",
 }
 """Engine name → ``module:Class``."""
 DEFAULT_ENGINE = "vllm"

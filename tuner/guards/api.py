@@ -39,6 +39,10 @@ class GuardTarget:
     kv_cache_tokens: int | None = None
     """The KV capacity (tokens per engine) the server logged at start-up, when it did; the needle gate
     sizes its prompts to the context the trial really allocated."""
+    dialect: str = "vllm"
+    """The server's API beyond OpenAI's routes (``Engine.api_dialect``): ``vllm`` (its ``/tokenize`` of chats,
+    ``prompt_logprobs``) or ``llamacpp`` (``/apply-template``, ``/tokenize``, ``/completion`` with
+    ``n_probs``); :class:`tuner.guards.http.GuardClient` speaks either."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,14 @@ class GuardResult:
     passed: bool
     detail: str
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    not_run: bool = False
+    """The gate could not run against this server (``detail`` says why): it is not a pass, and every report
+    says so; it does not fail the trial either. Build one with :meth:`skipped`."""
+
+    @classmethod
+    def skipped(cls, name: str, kind: str, why: str, **evidence: Any) -> GuardResult:
+        """A gate this server cannot run, with the reason (``passed`` is False: it proved nothing)."""
+        return cls(name, kind, False, f"not run: {why}", evidence, not_run=True)
 
 
 @dataclass(frozen=True)
@@ -56,15 +68,24 @@ class GuardReport:
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.results)
+        """Every gate that ran passed (a gate that could not run is listed in :attr:`not_run`, never a pass)."""
+        return all(r.passed for r in self.results if not r.not_run)
+
+    @property
+    def not_run(self) -> tuple[GuardResult, ...]:
+        return tuple(r for r in self.results if r.not_run)
 
     @property
     def reason(self) -> str:
-        failed = [f"{r.name}: {r.detail}" for r in self.results if not r.passed]
-        return "; ".join(failed) if failed else "all gates passed"
+        failed = [f"{r.name}: {r.detail}" for r in self.results if not r.passed and not r.not_run]
+        skipped = [f"{r.name}: {r.detail}" for r in self.not_run]
+        if failed:
+            return "; ".join(failed + skipped)
+        return "all gates passed" + (f" that ran ({'; '.join(skipped)})" if skipped else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "reason": self.reason, "results": [asdict(r) for r in self.results]}
+        return {"passed": self.passed, "reason": self.reason, "not_run": [r.name for r in self.not_run],
+                "results": [asdict(r) for r in self.results]}
 
 
 class GuardSuite(Protocol):

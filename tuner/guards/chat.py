@@ -29,6 +29,16 @@ RAW_MARKUP: tuple[str, ...] = ("｜DSML｜", "<tool_call>", "</tool_call>", "<th
 _PLACEHOLDER_CALL_ID = "call_0"
 
 
+def thinking_kwargs(thinking: bool) -> dict[str, bool]:
+    """``chat_template_kwargs`` that turn thinking on or off for every server the gates speak to: DeepSeek V4's
+    ``thinking`` (vLLM's DSV4 renderer reads it, or ``enable_thinking``) and ``enable_thinking``, which
+    llama-server also reads to decide whether to parse a reasoning block out of the answer."""
+    return {"thinking": thinking, "enable_thinking": thinking}
+
+
+THINKING_OFF = thinking_kwargs(False)
+
+
 def chat_payload(probe: ChatProbe, messages: Sequence[Mapping[str, Any]] | None = None,
                  max_tokens: int | None = None) -> dict[str, Any]:
     """The request body of one probe turn (greedy, thinking as the probe says)."""
@@ -36,7 +46,7 @@ def chat_payload(probe: ChatProbe, messages: Sequence[Mapping[str, Any]] | None 
         "messages": [dict(m) for m in (messages if messages is not None else probe.messages)],
         "temperature": 0.0,
         "max_tokens": max_tokens if max_tokens is not None else probe.max_tokens,
-        "chat_template_kwargs": {"thinking": probe.thinking},
+        "chat_template_kwargs": thinking_kwargs(probe.thinking),
     }
     if probe.tools:
         payload["tools"] = [dict(t) for t in probe.tools]

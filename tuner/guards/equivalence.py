@@ -1,7 +1,8 @@
 """Equivalence gate: a trial's numerics must match a trusted reference within calibrated drift.
 
 Recording (one per probe): the server's prompt ids, its greedy completion ids, and — teacher-forced
-through ``prompt_logprobs`` over prompt + completion — the logprob of every token with the top-k
+through ``prompt_logprobs`` over prompt + completion (vLLM), or through ``n_probs`` over the completion
+(llama-server, which scores no prompt token) — the logprob of every scored token with the top-k
 alternatives by token id.
 
 The first trusted launch of a study (not speculative, its args within ``reference_requires``, every
@@ -89,6 +90,9 @@ class ProbeRecording:
     """Teacher-forced logprob of token i+1 of prompt + completion (the first token has none)."""
     top: list[dict[str, float]]
     """Top-k alternatives (token id as a string → logprob) at the same positions."""
+    scored_from: int = 0
+    """The first scored index of ``logprobs``: 0 where the server scores prompt tokens (vLLM's
+    ``prompt_logprobs``), the prompt's last index where it scores only what it generates (llama-server)."""
 
     @property
     def sequence(self) -> list[int]:
@@ -228,7 +232,7 @@ class EquivalenceGuard(SpecGuard[EquivalenceSpec]):
             if mine.sequence == base.sequence:
                 teacher.append(mine.logprobs)
             else:
-                teacher.append(teacher_forced(client, base.sequence, 1)[0])
+                teacher.append(client.teacher_forced(base.sequence, self.spec.top_logprobs, base.scored_from)[0])
         return compare(own, baseline, teacher)
 
 
@@ -246,7 +250,8 @@ def compare(own: Sequence[ProbeRecording], baseline: Sequence[ProbeRecording],
         if len(lps) != len(base.logprobs):
             raise ProbeFailure(f"probe {base.name}: {len(lps)} teacher-forced logprobs, baseline has "
                                f"{len(base.logprobs)}")
-        diffs += [abs(a - b) for a, b in zip(lps, base.logprobs, strict=True)]
+        start = max(base.scored_from, by_name[base.name].scored_from)
+        diffs += [abs(a - b) for a, b in zip(lps[start:], base.logprobs[start:], strict=True)]
         mine = by_name[base.name]
         if mine.prompt_ids != base.prompt_ids:
             raise ProbeFailure(f"probe {base.name}: the server tokenized the prompt differently from the baseline")
@@ -284,43 +289,17 @@ def _divergence_gap(mine: ProbeRecording, base: ProbeRecording) -> dict[str, Any
 
 
 def record_probe(client: GuardClient, probe: EquivalenceProbe, top_k: int) -> ProbeRecording:
+    """The server's prompt ids, its greedy completion (its own decoding path, drafting included), and the
+    teacher-forced logprobs over them (:meth:`GuardClient.teacher_forced`, in the server's dialect)."""
     prompt_ids = client.tokenize_text(probe.prompt)
     if not prompt_ids:
         raise ProbeFailure(f"probe {probe.name}: the server tokenized the prompt to nothing")
-    body = client.completion({"prompt": prompt_ids, "max_tokens": probe.max_tokens, "temperature": 0.0,
-                              "return_token_ids": True})
-    choice = _choice(body)
-    completion_ids = [int(t) for t in choice.get("token_ids") or []]
+    completion_ids = client.greedy_ids(prompt_ids, probe.max_tokens)
     if not completion_ids:
         raise ProbeFailure(f"probe {probe.name}: the server generated no tokens")
-    logprobs, top = teacher_forced(client, [*prompt_ids, *completion_ids], top_k)
-    return ProbeRecording(probe.name, prompt_ids, completion_ids, logprobs, top)
-
-
-def teacher_forced(client: GuardClient, sequence: list[int], top_k: int) -> tuple[list[float], list[dict[str, float]]]:
-    """Logprob of each token of ``sequence`` given the ones before it (prefill only), with the top-k."""
-    body = client.completion({"prompt": sequence, "max_tokens": 1, "temperature": 0.0,
-                              "prompt_logprobs": top_k})
-    entries = _choice(body).get("prompt_logprobs")
-    if not isinstance(entries, list) or len(entries) != len(sequence):
-        raise ProbeFailure("the server returned no prompt_logprobs for the teacher-forced sequence")
-    logprobs: list[float] = []
-    top: list[dict[str, float]] = []
-    for token, entry in zip(sequence[1:], entries[1:], strict=True):
-        if not isinstance(entry, dict) or str(token) not in entry:
-            raise ProbeFailure("prompt_logprobs lack the scored token")
-        logprobs.append(float(entry[str(token)]["logprob"]))
-        ranked = sorted(((k, float(v["logprob"])) for k, v in entry.items()), key=lambda kv: -kv[1])
-        top.append(dict(ranked[:top_k]))
-    return logprobs, top
-
-
-def _choice(body: Mapping[str, Any]) -> dict[str, Any]:
-    choices = body.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        raise ProbeFailure("completion response has no choices")
-    choice: dict[str, Any] = choices[0]
-    return choice
+    scored_from = len(prompt_ids) - 1 if client.llamacpp else 0
+    logprobs, top = client.teacher_forced([*prompt_ids, *completion_ids], top_k, scored_from)
+    return ProbeRecording(probe.name, prompt_ids, completion_ids, logprobs, top, scored_from)
 
 
 # ---------------------------------------------------------------- files

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from tuner.guards.api import GuardKind, GuardResult, GuardTarget, ProbeFailure, ProbeLog, SpecGuard
-from tuner.guards.chat import mentions
+from tuner.guards.chat import THINKING_OFF, mentions
 from tuner.guards.http import GuardClient, first_message
 from tuner.guards.specs import StrictModel
 
@@ -135,7 +135,7 @@ class NeedleGuard(SpecGuard[NeedleSpec]):
         with GuardClient(target, self.spec.timeout_s) as client:
             try:
                 if self.spec.context_tokens is None:
-                    sizing["max_model_len"] = _served_max_model_len(client)
+                    sizing["max_model_len"] = client.served_context()
                     sizing["allocated_tokens"] = allocated_context(sizing["max_model_len"], target.kv_cache_tokens)
                 budget = budget_tokens(self.spec, sizing.get("allocated_tokens"))
             except ProbeFailure as exc:
@@ -153,13 +153,13 @@ class NeedleGuard(SpecGuard[NeedleSpec]):
                record: dict[str, Any]) -> str | None:
         def count(messages: Messages) -> int:
             return len(client.tokenize_chat({"messages": messages, "add_generation_prompt": True,
-                                             "chat_template_kwargs": {"thinking": False}}))
+                                             "chat_template_kwargs": THINKING_OFF}))
 
         n_sentences, prompt_tokens = fit_sentences(self.spec, needle, budget, count, hint=hint[-1] if hint else None)
         hint.append(n_sentences)
         record["prompt_tokens"] = prompt_tokens
         body = client.chat({"messages": needle_messages(self.spec, needle, n_sentences), "temperature": 0.0,
-                            "max_tokens": self.spec.max_tokens, "chat_template_kwargs": {"thinking": False}})
+                            "max_tokens": self.spec.max_tokens, "chat_template_kwargs": THINKING_OFF})
         content = first_message(body).get("content") or ""
         record["answer"] = content[:200]
         if not mentions(content, needle.code):
@@ -168,10 +168,3 @@ class NeedleGuard(SpecGuard[NeedleSpec]):
 
 
 KIND = GuardKind("needle", NeedleSpec, NeedleGuard)
-
-
-def _served_max_model_len(client: GuardClient) -> int:
-    for entry in client.get("/v1/models").get("data") or []:
-        if isinstance(entry, dict) and entry.get("id") == client.target.model and entry.get("max_model_len"):
-            return int(entry["max_model_len"])
-    raise ProbeFailure(f"/v1/models names no max_model_len for {client.target.model!r}")

@@ -10,7 +10,8 @@ Carry probes follow DeepSeek V4's contract: in a thinking-mode tool round trip t
 turn's reasoning back (``reasoning_content``), and the server must render it into the next prompt.
 The first turn must reason and call the tool (parsed, schema-valid, carrying what the user asked
 for); the gate then reads the prompt the server actually rendered (``return_prompt_text``, or the
-prompt token ids detokenized) and requires the reasoning in it, and the final answer must state the
+prompt token ids detokenized; llama-server: its ``/apply-template`` of the same request) and requires
+the reasoning in it, and the final answer must state the
 tool result's facts.
 
 Nothing here checks wording: a model that reasons and answers in its own words passes. Exact text
@@ -153,10 +154,7 @@ def _run_carry(client: GuardClient, probe: ReasoningCarryProbe, record: dict[str
     payload = {**chat_payload(probe, follow_up, probe.round_trip.max_tokens),
                "return_prompt_text": True, "return_token_ids": True}
     body = client.chat(payload)
-    rendered = body.get("prompt_text")
-    if not isinstance(rendered, str) or not rendered:
-        ids = body.get("prompt_token_ids") or []
-        rendered = client.detokenize([int(t) for t in ids]) if ids else ""
+    rendered = client.rendered_prompt(payload, body)
     assert reasoning is not None
     record["reasoning_in_next_prompt"] = reasoning in rendered
     if reasoning not in rendered:

@@ -39,14 +39,16 @@ class Suite:
         for guard in self.guards:
             started_s = time.monotonic()
             try:
-                result = guard.run(dataclasses.replace(target, earlier_gates_passed=all(r.passed for r in results)))
+                result = guard.run(dataclasses.replace(
+                    target, earlier_gates_passed=all(r.passed for r in results if not r.not_run)))
             except Exception as exc:  # a broken guard fails its gate; it never kills the trial
                 log.exception("guard %s raised", guard.name)
                 result = GuardResult(guard.name, guard.kind, False, f"guard raised {type(exc).__name__}: {exc}")
             elapsed_s = round(time.monotonic() - started_s, 2)
             result = GuardResult(result.name, result.kind, result.passed, result.detail,
-                                 {**result.evidence, "elapsed_s": elapsed_s})
-            log.info("guard %s (%s): %s in %.1f s — %s", guard.name, guard.kind,
-                     "passed" if result.passed else "FAILED", elapsed_s, result.detail)
+                                 {**result.evidence, "elapsed_s": elapsed_s}, not_run=result.not_run)
+            verdict = "NOT RUN" if result.not_run else "passed" if result.passed else "FAILED"
+            (log.warning if result.not_run else log.info)("guard %s (%s): %s in %.1f s — %s", guard.name,
+                                                          guard.kind, verdict, elapsed_s, result.detail)
             results.append(result)
         return GuardReport(tuple(results))

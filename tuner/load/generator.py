@@ -86,6 +86,8 @@ class RequestRecord:
     e2e_s: float  # to the last token when ok; to the failure otherwise
     job: int = 0  # prompt number (agent: session number)
     turn: int = 0  # agent: request number inside its session
+    server_prompt_tok_s: float | None = None  # the server's own timings, where it reports them (llama-server)
+    server_decode_tok_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,8 @@ def _record(stream: Stream, prompt_tokens_sent: int, window_t0: float, error: st
                      else prompt_tokens_sent)
     return RequestRecord(ok=ok, error=error, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                          start_s=stream.start_t - window_t0, ttft_s=ttft_s, itl_s=itl_s, e2e_s=e2e_s,
-                         job=job, turn=turn)
+                         job=job, turn=turn, server_prompt_tok_s=stream.server_prompt_tok_s,
+                         server_decode_tok_s=stream.server_decode_tok_s)
 
 
 # --- self-watch -----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -131,6 +132,11 @@ def summarize(result: LoadResult,
     }
     for name, values in zip(LATENCY_METRICS, (ttfts, tpots, itls, e2els), strict=True):
         summary.update(_stats_ms(name, values, percentiles))
+    # The server's own per-request speeds, prompt and decode apart (llama-server's ``timings``), where sent.
+    for key in ("server_prompt_tok_s", "server_decode_tok_s"):
+        speeds = sorted(v for v in (getattr(r, key, None) for r in ok) if v is not None)
+        if speeds:
+            summary[f"median_{key}"] = round(statistics.median(speeds), 3)
     return summary
 
 

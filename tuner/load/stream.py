@@ -46,10 +46,18 @@ class Stream:
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    server_prompt_tok_s: float | None = None
+    """The server's own prompt-processing speed for this request (llama-server's ``timings``), if it sent one."""
+    server_decode_tok_s: float | None = None
+    """The server's own decode speed for this request (``timings.predicted_per_second``), if it sent one."""
 
 
 def _as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _as_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def take_event(payload: str, stream: Stream) -> None:
@@ -85,6 +93,10 @@ def take_event(payload: str, stream: Stream) -> None:
         if stream.first_text_index is None and has_token:
             stream.first_text_index = len(stream.chunk_t)
         stream.chunk_t.append(now)
+    timings = data.get("timings")  # llama-server: prompt and decode speed of this request, measured apart
+    if isinstance(timings, dict):
+        stream.server_prompt_tok_s = _as_float(timings.get("prompt_per_second"))
+        stream.server_decode_tok_s = _as_float(timings.get("predicted_per_second"))
     usage = data.get("usage")
     if isinstance(usage, dict):
         completion = _as_int(usage.get("completion_tokens"))
@@ -140,20 +152,38 @@ class HttpxTransport:
 
 
 class AiohttpTransport:
+    """aiohttp, connections kept alive. A request whose pooled connection the server had already closed (the
+    write fails, or the server hangs up before any response: llama-server's HTTP library closes a kept-alive
+    connection without saying so in its streamed responses) never reached the server, and is sent once more on
+    a fresh connection (``retries``); anything after the response started is the request's own failure."""
+
     def __init__(self, concurrency: int, timeout_s: float) -> None:
         import aiohttp
 
         self._aiohttp = aiohttp
+        timeout = aiohttp.ClientTimeout(total=None, connect=min(_CONNECT_TIMEOUT_S, timeout_s), sock_read=timeout_s)
         connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False,
                                          enable_cleanup_closed=True)
-        self.session = aiohttp.ClientSession(
-            connector=connector, trust_env=False, read_bufsize=2**18,
-            timeout=aiohttp.ClientTimeout(total=None, connect=min(_CONNECT_TIMEOUT_S, timeout_s),
-                                          sock_read=timeout_s))
+        self.session = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=2**18,
+                                             timeout=timeout)
+        self.fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), trust_env=False,
+                                           read_bufsize=2**18, timeout=timeout)
+        self.retries = 0
 
     async def stream(self, url: str, body: bytes, headers: dict[str, str], stream: Stream) -> None:
-        async with self.session.post(url, data=body,
-                                     headers={**headers, "content-type": "application/json"}) as response:
+        started: list[bool] = []
+        try:
+            await self._send(self.session, url, body, headers, stream, started)
+        except (self._aiohttp.ClientOSError, self._aiohttp.ServerDisconnectedError):
+            if started:
+                raise
+            self.retries += 1
+            await self._send(self.fresh, url, body, headers, stream, started)
+
+    async def _send(self, session: Any, url: str, body: bytes, headers: dict[str, str], stream: Stream,
+                    started: list[bool]) -> None:
+        async with session.post(url, data=body, headers={**headers, "content-type": "application/json"}) as response:
+            started.append(True)
             if response.status != 200:
                 detail = (await response.read()).decode("utf-8", "replace").strip()
                 raise RequestFailed(f"HTTP {response.status}: {detail[:_ERROR_BODY_CHARS]}")
@@ -171,6 +201,7 @@ class AiohttpTransport:
 
     async def aclose(self) -> None:
         await self.session.close()
+        await self.fresh.close()
 
 
 def available_backend(requested: Backend = "auto") -> Literal["aiohttp", "httpx"]:

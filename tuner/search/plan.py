@@ -20,11 +20,12 @@ from tuner.engines import Engine, default_engine
 from tuner.objective import Objective, Workload
 from tuner.search.checkpoints import Checkpoint, WeightSplit, load_checkpoint
 from tuner.search.envelope import LadderRow, envelope, objective_for
-from tuner.search.feasibility import GIB, Feasibility, check
+from tuner.search.feasibility import GB, GIB, Feasibility, check
 from tuner.search.profile import (
     AGGREGATED,
     DISAGG_PARAM,
     DRAFT_TOKENS_PARAM,
+    SPECULATIVE_OPTION,
     TOPOLOGY_PARAM,
     HardwareProfile,
     Lever,
@@ -34,6 +35,7 @@ from tuner.search.profile import (
     parse_topology,
 )
 from tuner.search.space import FixedParams, RandomParams, ServeConfig, build_config, suggest
+from tuner.search.unified import UnifiedFit, unified_fit
 
 DEFAULT_SAMPLES = 400
 
@@ -64,6 +66,20 @@ class BaselineRow:
 
 
 @dataclass(frozen=True)
+class EnvelopeRow:
+    """One qualified envelope of a unified-memory host: its files, its memory fit, its flags."""
+
+    name: str
+    baseline: str
+    backend: str
+    target: str
+    draft: str
+    fit: UnifiedFit
+    argv: tuple[str, ...]
+    not_expressed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
     profile: str
     description: str
@@ -90,6 +106,10 @@ class Plan:
     per_trial_s: float
     budget_s: float | None
     trials_in_budget: int | None
+    envelopes: tuple[EnvelopeRow, ...] | None = None
+    """A unified-memory host's envelopes (None: a GPU node, whose KV capacity is per topology)."""
+    levers: tuple[str, ...] = ()
+    """Each lever and its domain, as the plan lists them for a unified-memory host."""
 
 
 def space_size(profile: HardwareProfile) -> int | None:
@@ -245,6 +265,58 @@ def _layout_rows(profile: HardwareProfile, ckpt: Checkpoint, workload: Workload)
     return rows
 
 
+def _envelope_rows(profile: HardwareProfile, engine: Engine) -> tuple[EnvelopeRow, ...]:
+    """Each envelope's baseline launch against the unified memory model, with its own files' sizes."""
+    memory = profile.unified_memory
+    assert memory is not None
+    rows: list[EnvelopeRow] = []
+    for key, env in memory.envelopes.items():
+        base = next(b for b in profile.baselines if b.name == env.baseline)
+        args = dict(build_config(profile, base.values).args)
+        spec = args.get(SPECULATIVE_OPTION)
+        if isinstance(spec, dict) and env.draft is not None:
+            args[SPECULATIVE_OPTION] = {**spec, "draft_model": env.draft.file}
+        fit = unified_fit(memory, args, target_bytes=env.target.size_gb * GB,
+                          draft_bytes=env.draft.size_gb * GB if env.draft else 0.0)
+        rows.append(EnvelopeRow(
+            name=key, baseline=base.name, backend=env.backend, target=f"{env.target.file} ({env.target.size_gb} GB)",
+            draft=f"{env.draft.file} ({env.draft.size_gb} GB)" if env.draft else "none", fit=fit,
+            argv=tuple(engine.flags({"model": env.target.file, **args})), not_expressed=tuple(env.not_expressed)))
+    return tuple(rows)
+
+
+def _unified_share(profile: HardwareProfile, samples: int, seed: int) -> tuple[float, list[tuple[str, int]]]:
+    """Share of sampled launches that fit the unified memory, with the first envelope's files."""
+    memory = profile.unified_memory
+    assert memory is not None
+    first = next(iter(memory.envelopes.values()), None)
+    target = first.target.size_gb * GB if first else 0.0
+    draft = first.draft.size_gb * GB if first and first.draft else 0.0
+    source = RandomParams(seed)
+    fits = 0
+    reasons: dict[str, int] = {}
+    for _ in range(samples):
+        fit = unified_fit(memory, suggest(profile, source).args, target_bytes=target, draft_bytes=draft)
+        if fit.ok:
+            fits += 1
+        else:
+            key = "does not fit the unified memory" if not fit.reason else fit.reason
+            reasons[key] = reasons.get(key, 0) + 1
+    return fits / samples if samples else 0.0, sorted(reasons.items(), key=lambda kv: -kv[1])[:5]
+
+
+def _lever_lines(profile: HardwareProfile) -> tuple[str, ...]:
+    lines = []
+    for name in profile.param_names():
+        lever = profile.lever(name)
+        assert lever is not None
+        domain = (", ".join(str(v) for v in lever.choices) if lever.choices is not None else
+                  f"{lever.int_range[0]}..{lever.int_range[1]}" if lever.int_range is not None else
+                  f"{lever.float_range[0]}..{lever.float_range[1]}" if lever.float_range is not None else "")
+        lines.append(f"{name}: {domain}")
+    return tuple(lines)
+
+
 def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoint: str | None,
                *, samples: int = DEFAULT_SAMPLES, seed: int = 0, engine: Engine | None = None) -> Plan:
     """Everything ``dsv4-tune plan`` shows, computed without launching anything (flags as ``engine`` spells them)."""
@@ -260,6 +332,8 @@ def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoin
     else:
         ckpt = load_checkpoint(ckpt_name)
         profile = bind_checkpoint(raw, ckpt)
+    if raw.unified_memory is not None:
+        return _unified_plan(raw, resolved, budget_s, samples, seed, engine or default_engine())
     share, top = sample_feasibility(profile, ckpt, workload, samples, seed)
     per_trial = profile.server.expected_launch_s + profile.server.expected_measure_s
     trials = None if budget_s is None else max(0, math.floor(budget_s / per_trial))
@@ -278,6 +352,29 @@ def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoin
         topologies=tuple(_topology_rows(profile, ckpt, workload) + _layout_rows(profile, ckpt, workload)),
         baselines=tuple(_baseline_rows(profile, ckpt, workload, engine or default_engine())),
         per_trial_s=per_trial, budget_s=budget_s, trials_in_budget=trials)
+
+
+def _unified_plan(profile: HardwareProfile, objective: Objective, budget_s: float | None, samples: int, seed: int,
+                  engine: Engine) -> Plan:
+    """The plan of a unified-memory host: its envelopes against the memory model, the levers, the baselines."""
+    workload = objective.workload
+    share, top = _unified_share(profile, samples, seed)
+    per_trial = profile.server.expected_launch_s + profile.server.expected_measure_s
+    spec = profile.speculative
+    draft = "off" if spec is None else f"{spec.method}, draft tokens {list(_values(spec.draft_tokens))}"
+    configs = [(b, build_config(profile, b.values)) for b in profile.baselines]
+    baselines = tuple(BaselineRow(name=b.name, note=b.note, argv=tuple(engine.flags(c.args)),
+                                  env=tuple(sorted(c.env.items())), ok=True, reason="",
+                                  max_concurrency=int(c.args.get("parallel", 1))) for b, c in configs)
+    return Plan(
+        profile=profile.name, description=profile.description, checkpoint="(the GGUF given with --model)",
+        checkpoint_repo=profile.server.model or "--model PATH.gguf", draft=draft, objective=objective.name,
+        scale=profile.server.workload_scale, workload=workload, slos=dict(objective.slos), ladder=(),
+        ladder_rule=_ladder_rule(objective), workload_tokens=(workload.input_len, workload.output_len),
+        space_size=space_size(profile), samples=samples, feasible_share=share, top_rejections=tuple(top),
+        topologies=(), baselines=baselines, per_trial_s=per_trial, budget_s=budget_s,
+        trials_in_budget=None if budget_s is None else max(0, math.floor(budget_s / per_trial)),
+        envelopes=_envelope_rows(profile, engine), levers=_lever_lines(profile))
 
 
 def _ladder_rule(objective: Objective) -> str:
@@ -335,6 +432,8 @@ def format_plan(plan: Plan) -> str:
     if plan.top_rejections:
         out += ["Commonest reasons a sampled point is pruned before launch:", ""]
         out += [f"- {count}× {reason}" for reason, count in plan.top_rejections] + [""]
+    if plan.envelopes is not None:
+        return "\n".join(out + _unified_sections(plan)) + "\n"
     out += ["## KV capacity by topology", "",
             "At the highest gpu-memory-utilization and max-num-seqs in the space, speculation off; a "
             "prefill/decode layout by its decode pool (its pools' own seats).", "",
@@ -365,3 +464,32 @@ def format_plan(plan: Plan) -> str:
     else:
         out.append("- pass --budget to see how many trials fit")
     return "\n".join(out) + "\n"
+
+
+def _unified_sections(plan: Plan) -> list[str]:
+    """A unified-memory host's sections: each envelope's memory fit and flags, the levers, the baselines."""
+    assert plan.envelopes is not None
+    limit = plan.envelopes[0].fit.limit_gib if plan.envelopes else 0.0
+    out: list[str] = [] if not plan.envelopes else ["## Envelopes: memory fit on the unified memory", "",
+           f"weights + KV (context x bytes per token at the cache types) + compute buffers <= {limit:.2f} GiB "
+           "(unified_memory: host limit less the reserve)", "",
+           _md_table(["envelope", "backend", "target", "draft", "context", "weights GiB", "KV GiB", "compute GiB",
+                      "total GiB", "fits"],
+                     [[e.name, e.backend, e.target, e.draft, f"{e.fit.context_tokens:,}", f"{e.fit.weights_gib:.2f}",
+                       f"{e.fit.kv_gib:.2f}", f"{e.fit.compute_gib:.2f}", f"{e.fit.total_gib:.2f}",
+                       f"yes ({e.fit.headroom_gib:.2f} GiB left)" if e.fit.ok else f"no ({e.fit.describe()})"]
+                      for e in plan.envelopes]), ""]
+    for e in plan.envelopes:
+        out += [f"- **{e.name}** (baseline {e.baseline}): `{' '.join(e.argv)}`"]
+        if e.not_expressed:
+            out.append(f"  not expressed by a lever (the recipe has it, llama-server's flags do not): "
+                       f"{', '.join(e.not_expressed)}")
+    out += ["", "## Levers", ""] + [f"- {line}" for line in plan.levers]
+    out += ["", "## Baseline trials (enqueued first)", ""]
+    for b in plan.baselines:
+        out += [f"- **{b.name}** — {b.note}", f"  `{' '.join(b.argv)}`"]
+    out += ["", "## Budget", "",
+            f"- per trial: ~{plan.per_trial_s / 60:.0f} min (launch + guards + load, from the profile)"]
+    if plan.budget_s is not None and plan.trials_in_budget is not None:
+        out.append(f"- budget {plan.budget_s / 3600:.1f} h -> about {plan.trials_in_budget} trials")
+    return out

@@ -1,5 +1,7 @@
 """Checks that run before a launch, so no launch is spent on a configuration that cannot work.
 
+0. On a unified-memory host (``unified_memory`` in the profile: Strix Halo, a CPU), the files the launch reads,
+   its KV cache and compute buffers against the host's limit (:mod:`tuner.search.unified`).
 1. The feasibility model (memory, KV capacity, rules), where the study serves a catalogued checkpoint;
    its KV bytes per token is refitted to every launched trial's logged KV capacity (:meth:`observe`),
    as far as the fit is trusted (:class:`~tuner.search.feasibility.KvCalibration`).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from tuner.engines import Engine, default_engine
@@ -37,6 +40,7 @@ from tuner.search.feasibility import (
 )
 from tuner.search.profile import HardwareProfile
 from tuner.search.space import ServeConfig
+from tuner.search.unified import unified_fit
 
 __all__ = ["LaunchTarget", "PreLaunch", "Refusal"]
 
@@ -115,6 +119,11 @@ class PreLaunch:
         """
         if failure_class != FailureClass.OOM.value or (trial is not None and trial in self.failed_trials):
             return
+        if self.profile.unified_memory is not None:
+            # a lesson is read in vLLM's memory options (gpu-memory-utilization, max-num-seqs...); a unified-memory
+            # host's launches have none of them and its memory model prices each launch already
+            log.info("feasibility: trial %s ran out of memory on a unified-memory host: %s", trial, evidence[:200])
+            return
         if trial is not None:
             self.failed_trials.add(trial)
         lesson = lesson_from_oom(args, during="load" if started else "start", trial=trial, evidence=evidence[:300])
@@ -149,6 +158,10 @@ class PreLaunch:
             return Refusal(FailureClass.INFEASIBLE.value, f"pruned by what an out-of-memory taught: {lesson.describe()}"
                            + (f" ({lesson.evidence})" if lesson.evidence else ""),
                            {"lesson": lesson.to_json()}, rule="learned_oom")
+        if self.profile.unified_memory is not None:
+            refusal = self._unified_refusal(config, ctx)
+            if refusal is not None:
+                return refusal
         if self.checkpoint is not None:
             verdict = feasibility.check(self.profile, config, self.checkpoint, self.objective.workload,
                                         self.calibration)
@@ -173,3 +186,22 @@ class PreLaunch:
                                f"rejected by {ctx.engine.title}'s own argument checks before launch: "
                                + "; ".join(problems), {"problems": problems}, rule="engine_args")
         return None
+
+    def _unified_refusal(self, config: ServeConfig, ctx: LaunchTarget) -> Refusal | None:
+        """A unified-memory host: the files this launch would read, its KV and compute, against the limit."""
+        memory = self.profile.unified_memory
+        assert memory is not None
+        options = ctx.engine.serve_options(ctx.model, config.args, host=ctx.host, port=ctx.port or 8000,
+                                           served_model_name=ctx.served_model_name)
+        files = [Path(f) for f in ctx.engine.model_files(options)]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            return Refusal(FailureClass.BAD_FLAG.value, f"the launch would read {', '.join(missing)}, which is not "
+                           "there. Fix: put the file there, or name the one you have (--model; the profile's "
+                           "speculative.config.draft_model)", {"missing": missing}, rule="model_files")
+        weights = float(sum(f.stat().st_size for f in files))
+        fit = unified_fit(memory, config.args, target_bytes=weights, draft_bytes=0.0)
+        if fit.ok:
+            return None
+        return Refusal(FailureClass.INFEASIBLE.value, f"pruned by the unified memory model: {fit.describe()}",
+                       {"unified_memory": fit.to_json()}, rule="unified_memory")

@@ -188,6 +188,9 @@ class Server(_Strict):
     workload_scale: str | None = None
     """The scale of every objective's workload on this node: None (an objective's top level, the GPU
     node's workload) or the name of an objective's ``scales`` section (the CPU profile: ``demo``)."""
+    engine: str | None = None
+    """The engine that serves this node's trials (a name of :mod:`tuner.engines.registry`: ``llamacpp``
+    for llama-server); None: vLLM. ``--engine`` overrides it."""
 
 
 class Lever(_Strict):
@@ -370,6 +373,46 @@ class Disaggregation(_Strict):
         return ([AGGREGATED] if self.aggregated else []) + list(self.layouts)
 
 
+class ModelFile(_Strict):
+    """One weight file of an envelope: what it is and what it weighs."""
+
+    file: str
+    size_gb: float = Field(gt=0)
+    """Decimal GB (10^9 bytes), as the file's publisher states it."""
+
+
+class Envelope(_Strict):
+    """A qualified launch of a unified-memory host: its baseline, its files, and what the tool cannot express."""
+
+    baseline: str
+    """The name of the profile's baseline that launches it."""
+    backend: str
+    target: ModelFile
+    draft: ModelFile | None = None
+    not_expressed: list[str] = Field(default_factory=list)
+    """Parts of the recorded recipe that no lever of this engine spells (said wherever the envelope is shown)."""
+
+
+class UnifiedMemory(_Strict):
+    """The memory model of a host whose accelerator shares the host's memory (Strix Halo, a CPU).
+
+    A launch fits when weights (target, plus the draft when drafting) + KV cache (context × bytes per
+    token at the chosen K and V cache types, the draft's share added) + compute buffers (a base plus
+    bytes per micro-batch token) ≤ ``host_limit_gib`` − ``reserve_gib``.
+    """
+
+    host_limit_gib: float = Field(gt=0)
+    """What the server may use: the cgroup limit it runs under (memory.max), else the host's memory."""
+    reserve_gib: float = Field(default=0.0, ge=0)
+    """Kept for everything else on the host (the OS, the tuner)."""
+    kv_bytes_per_token: dict[str, float]
+    """Target KV bytes per token with K and V both at this cache type (``f16``, ``q8_0``, ``q4_0``...)."""
+    draft_kv_fraction: float = Field(default=0.0, ge=0, lt=1)
+    compute_base_gib: float = Field(default=0.5, ge=0)
+    compute_bytes_per_ubatch_token: float = Field(default=0.0, ge=0)
+    envelopes: dict[str, Envelope] = Field(default_factory=dict)
+
+
 class HardwareProfile(_Strict):
     name: str
     description: str = ""
@@ -382,6 +425,8 @@ class HardwareProfile(_Strict):
     baselines: list[Baseline] = Field(default_factory=list)
     guards: ProfileGuards = Field(default_factory=ProfileGuards)
     disaggregation: Disaggregation | None = None
+    unified_memory: UnifiedMemory | None = None
+    """A host whose accelerator shares the host's memory: the memory model of :mod:`tuner.search.unified`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -591,6 +636,13 @@ def profile_problems(profile: HardwareProfile) -> list[ProfileRuleError]:
             out.append(ProfileRuleError(f"guards.run[{i}]", f"no guard {guard!r}",
                                         f"use a guard name ({', '.join(catalog.known_names('guards'))}) "
                                         "or the path of a guard YAML file"))
+    if profile.unified_memory is not None:
+        names_of_baselines = {b.name for b in profile.baselines}
+        for key, env in profile.unified_memory.envelopes.items():
+            if env.baseline not in names_of_baselines:
+                out.append(ProfileRuleError(f"unified_memory.envelopes.{key}.baseline",
+                                            f"names no baseline of this profile ({env.baseline!r})",
+                                            f"use one of: {', '.join(sorted(names_of_baselines)) or '(none)'}"))
     if len(set(profile.guards.run)) != len(profile.guards.run):
         out.append(ProfileRuleError("guards.run", "a guard is listed twice", "list each guard once"))
     if profile.cudagraph is not None and CAPTURE_OPTION in profile.levers:

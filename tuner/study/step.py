@@ -76,7 +76,9 @@ _BOOKKEEPING_ATTRS = frozenset({"trial_dir", "retry_of", "baseline", "control_fo
 _SUMMARY_ATTRS = ("p95_ttft_ms", "p95_itl_ms", "p95_tpot_ms", "output_throughput", "request_throughput",
                   "request_goodput", "completed", "failed", "max_concurrency", "feasible_concurrencies",
                   "tokens_per_joule", "usd_per_mtok",
-                  "gpu_power_mean_w", "gpu_energy_j")
+                  "gpu_power_mean_w", "gpu_energy_j",
+                  # the server's own prompt and decode speeds, apart (llama-server's per-response timings)
+                  "median_server_prompt_tok_s", "median_server_decode_tok_s")
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,8 @@ class VllmEngine:
     metrics_path: str = "/metrics"
     version_path: str = "/version"
     api_key_env: str = "VLLM_API_KEY"
+    command_env: str = "VLLM_CMD"
+    api_dialect: str = "vllm"
     metrics: VllmMetrics = field(default=VLLM_METRICS)
     startup_log_bytes: int = logs.CLASSIFY_TAIL_BYTES
     units: Units = field(default=IDENTITY)
@@ -149,6 +151,15 @@ class VllmEngine:
 
     def version_of(self, command: Sequence[str]) -> str | None:
         return vllm_version_of(command)
+
+    # -- the export ------------------------------------------------------------------------------------
+    def serve_command(self, options: Mapping[str, Any]) -> str:
+        """``vllm serve --config profile.yaml`` (the options are the file beside serve.sh)."""
+        return 'exec "${server_argv[@]}" serve --config "$here/profile.yaml" "$@"'
+
+    def model_files(self, options: Mapping[str, Any]) -> list[str]:
+        """None: a vLLM model is a folder (or a hub id), named by its config's hash."""
+        return []
 
     # -- log diagnosis -----------------------------------------------------------------------------
     def diagnose_startup(self, log_tail: str, returncode: int | None) -> Diagnosis:
