@@ -28,6 +28,7 @@ from tuner.engines.process import (
     kill_group,
     port_is_free,
     stop_orphans,
+    tail,
 )
 from tuner.engines.vllm import VllmEngine
 from tuner.errors import LaunchError, PortInUseError
@@ -290,3 +291,13 @@ def test_describe_port_holder_names_this_process() -> None:
 
 def test_describe_port_holder_for_free_port() -> None:
     assert describe_port_holder(free_port(HOST)) == "holder unknown"
+
+
+def test_a_log_tail_reads_line_ends_as_a_text_reader_does(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_bytes(b"x" * 50 + b"INFO starting\r\nloading 10%\rloading 100%\r\nERROR invalid choice\r\n")
+    text = tail(log, max_bytes=60)
+    assert "\r" not in text
+    assert text.endswith("loading 100%\nERROR invalid choice\n")
+    assert text.strip() in log.read_text()
+    assert tail(tmp_path / "missing.log") == ""

@@ -167,9 +167,11 @@ def tail(path: Path, max_bytes: int = 6000) -> str:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - max_bytes))
-            return fh.read().decode(errors="replace")
+            text = fh.read().decode(errors="replace")
     except OSError:
         return ""
+    # line ends as a text reader sees them: a server's log can carry CRLF and progress bars' lone CR
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 # -- GPU memory after a stop -----------------------------------------------------------------------
