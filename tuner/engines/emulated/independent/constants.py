@@ -1,8 +1,9 @@
 """The independent truth's constants: public model figures, kernel and link efficiencies, memory overheads.
 
-:data:`NOMINAL` is fitted to the 4xGH200 blog (three launches, ``calibration.py``); :func:`drawn` gives a
-seed's node: every efficiency off by a factor, the W4A8 kernel's threshold, the DeepEP low-latency
-chunk, the expert skew and the memory the allocator loses drawn anew. Nothing here is read from, or
+:data:`NOMINAL` is fitted to the 4xGH200 blog (three launches; six constants, by
+``benchmarks/fit_independent_truth.py``); :func:`drawn` gives a seed's node: every efficiency off by a
+factor, the W4A8 kernel's threshold, the DeepEP low-latency chunk, the expert skew and the memory the
+allocator loses drawn anew. Nothing here is read from, or
 copied from, the tuner's performance model.
 
 Model figures (DeepSeek-V4-Flash, public: 284 B parameters, 13 B active, 43 layers, 256 routed experts,
