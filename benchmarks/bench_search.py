@@ -162,8 +162,8 @@ class Run:
     """True value of each launch, in order (0: failed, pruned launch of the grid, or an SLO miss)."""
     failed: list[bool]
     controls: int
-    chance: list[float]
-    """--prior model: the stop estimate after each launch."""
+    chance: list[float | None]
+    """--prior model: the stop estimate after each launch (None: the model was distrusted, no estimate)."""
     wall_s: float
     cpu_s: float = 0.0
     measured: list[float | None] = dataclasses.field(default_factory=list)
@@ -180,7 +180,7 @@ class Run:
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "method": self.method, "seed": self.seed, "optimum": round(self.optimum, 2),
                 "values": [round(v, 2) for v in self.values], "failed": self.failed, "controls": self.controls,
-                "chance": [round(c, 4) for c in self.chance], "wall_s": round(self.wall_s, 2),
+                "chance": [None if c is None else round(c, 4) for c in self.chance], "wall_s": round(self.wall_s, 2),
                 "cpu_s": round(self.cpu_s, 2),
                 "measured": [None if m is None else round(m, 2) for m in self.measured],
                 "exported_12": None if self.exported_12 is None else round(self.exported_12, 2),
@@ -272,7 +272,7 @@ def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, 
     names = constraint_names(node.objective)
     values: list[float] = []
     failed: list[bool] = []
-    chance: list[float] = []
+    chance: list[float | None] = []
     measured: list[float | None] = []
     points: list[int] = []
     controls = 0
@@ -310,7 +310,8 @@ def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, 
             if outcome.failure_class == "oom":
                 start_failed.add(key)
             if guided is not None:
-                chance.append(float(guided.after_trial(study, trial.number)["chance_to_beat"]))
+                estimate = guided.after_trial(study, trial.number)["chance_to_beat"]
+                chance.append(None if estimate is None else float(estimate))
             return outcome
 
         def done() -> bool:
@@ -544,13 +545,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if method == "model":
                 stops = []
                 for r in mine:
-                    stop = next((i for i, c in enumerate(r["chance"], start=1) if i >= 4 and c < 0.05), None)
+                    stop = next((i for i, c in enumerate(r["chance"], start=1)
+                                 if i >= 4 and c is not None and c < 0.05), None)
                     at = stop or len(r["values"])
                     stops.append({"seed": r["seed"], "stop_at": stop,
                                   "best_at_stop": round(max(r["values"][:at] or [0.0]) / r["optimum"], 4)})
                 entry["stop"] = stops
-                entry["chance_median_by_launch"] = [
-                    statistics.median(r["chance"][i] for r in mine if len(r["chance"]) > i)
+                entry["chance_median_by_launch"] = [  # over the seeds whose guide still trusted the model
+                    statistics.median(c) if (c := [r["chance"][i] for r in mine if len(r["chance"]) > i
+                                                   and r["chance"][i] is not None]) else None
                     for i in range(max(len(r["chance"]) for r in mine))]
             per[method] = entry
         out["nodes"][node] = per
@@ -591,6 +594,49 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     name = "summary.json" if args.spread == DEFAULT_SPREAD[args.truth] else f"summary-spread{args.spread:g}.json"
     (args.out / name).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out / name}", file=sys.stderr)
+    return 0
+
+
+# -- what the independent node is, seed by seed ---------------------------------------------------------------
+def cmd_describe(args: argparse.Namespace) -> int:
+    """``truth.json``: the independent model at the blog's three launches, and per node and seed its optimum,
+    how many launches fail and why, what the feasibility model refuses that would run, and what the prior's
+    first pick and the baselines are worth there."""
+    from collections import Counter
+
+    from tuner.engines.emulated.independent import calibration_points, measure
+
+    out: dict[str, Any] = {"calibration": {
+        name: {"concurrency": c, "output_tok_s": round(measure(o, "gh200x4", c).tokens_per_s, 1)}
+        for name, (o, c) in calibration_points().items()},
+        "blog": {"TP4": 5856, "DP4+EP": 12802, "DP4+EP+W4A8 / DP4+EP": 1.40}, "spread": args.spread, "nodes": {}}
+    for node_name in args.nodes.split(","):
+        node = load_node(node_name)
+        table = node.table
+        bases = baseline_points(node)
+        prior_top = node.predictor.ranking(top=1)[0].point
+        seeds = []
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            truth = make_truth(node, seed, args.spread, "independent")
+            launchable = ~table.prunable
+            fails = launchable & ~(truth.starts & truth.survives)
+            reasons = Counter(r for r, f in zip(truth.reason, fails, strict=True) if f)
+            seeds.append({
+                "seed": seed, "optimum": round(truth.optimum, 1), "optimum_all": round(truth.optimum_all, 1),
+                "optimum_params": dict(table.params[int(np.argmax(truth.value))]),
+                "launchable": int(launchable.sum()), "fail": int(fails.sum()), "fail_reasons": dict(reasons),
+                "miss_slo": int((launchable & truth.starts & truth.survives & (truth.value <= 0)).sum()),
+                "refused_but_runs": int((table.prunable & truth.starts & truth.survives).sum()),
+                "within_95": int((truth.value >= 0.95 * truth.optimum).sum()),
+                "within_98": int((truth.value >= 0.98 * truth.optimum).sum()),
+                "prior_top": round(float(truth.value[prior_top]) / truth.optimum, 4),
+                "baselines": [round(float(truth.value[p]) / truth.optimum, 4) for p in bases]})
+            print(f"{node_name} seed {seed}", file=sys.stderr, flush=True)
+        out["nodes"][node_name] = {"points": len(table), "refused": int(table.prunable.sum()),
+                                   "baselines": [b.name for b in node.profile.baselines], "seeds": seeds}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "truth.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out / 'truth.json'}", file=sys.stderr)
     return 0
 
 
@@ -675,6 +721,10 @@ def main(argv: list[str] | None = None) -> int:
     summ = sub.add_parser("summarize", parents=[common])
     summ.add_argument("--out", type=Path, default=None,
                       help="default docs/evidence/search-emulated, search-independent for --truth independent")
+    desc = sub.add_parser("describe", parents=[common], help="truth.json: the independent node, seed by seed")
+    desc.add_argument("--seeds", type=int, default=30)
+    desc.add_argument("--first-seed", type=int, default=0)
+    desc.add_argument("--out", type=Path, default=None)
     val = sub.add_parser("validate", parents=[common])
     val.add_argument("--samples", type=int, default=120)
     val.add_argument("--seed", type=int, default=0)
@@ -689,7 +739,10 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "out", "") is None:
         args.out = HERE.parent / "docs" / "evidence" / ("search-emulated" if args.truth == "wave"
                                                         else f"search-{args.truth}")
-    return {"run": cmd_run, "summarize": cmd_summarize, "validate": cmd_validate}[args.cmd](args)
+    if args.cmd == "describe" and args.truth != "independent":
+        parser.error("describe reads the independent truth: add --truth independent")
+    return {"run": cmd_run, "summarize": cmd_summarize, "validate": cmd_validate,
+            "describe": cmd_describe}[args.cmd](args)
 
 
 if __name__ == "__main__":

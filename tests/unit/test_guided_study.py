@@ -64,7 +64,8 @@ def test_the_prior_queues_its_picks_after_the_baselines_and_the_guide_then_propo
             trial.set_constraint(name, -0.5)
         study.tell(trial, 10000.0)
         entry = guided.after_trial(study, trial.number)
-        assert 0.0 <= entry["chance_to_beat"] <= 1.0
+        assert entry["chance_to_beat"] is None or 0.0 <= entry["chance_to_beat"] <= 1.0
+        assert (entry["chance_to_beat"] is None) == (entry["distrust_at"] is not None)
         assert config.key() == predictor.table.keys[asked[-1]]  # type: ignore[index]
     n = len(profile.baselines)  # type: ignore[attr-defined]
     assert asked[n:n + 3] == picks

@@ -172,11 +172,13 @@ class GuidedSearch:
         seen_residuals = len(self.guide.trust.residuals)
         self.catch_up(ostudy)
         correction = self.guide.refit()
-        chance = self.guide.chance_to_beat()
         trust = self.guide.trust
+        # The stop estimate is the model's: once the model is distrusted it is neither used nor computed.
+        chance = self.guide.chance_to_beat() if trust.trusted else None
+        optimum = round(self.guide.predicted_optimum(), 2) if trust.trusted else None
         mine = [r.to_json() for r in trust.residuals[seen_residuals:] if r.point == point]
-        entry = {"trial": number, "chance_to_beat": round(chance, 4), "best_value": self.guide.best_value,
-                 "predicted_optimum": round(self.guide.predicted_optimum(), 2),
+        entry = {"trial": number, "chance_to_beat": None if chance is None else round(chance, 4),
+                 "best_value": self.guide.best_value, "predicted_optimum": optimum,
                  "measured": trial.value if trial.user_attrs.get("feasible") else None,
                  "feasible": bool(trial.user_attrs.get("feasible")),
                  "measured_output_tok_s": _number(trial.user_attrs.get("output_throughput")),
@@ -206,7 +208,8 @@ class GuidedSearch:
         than it says."""
         if len(self.guide.launches) < MIN_LAUNCHES_BEFORE_STOP or not self.history or not self.guide.trust.trusted:
             return False
-        return float(self.history[-1]["chance_to_beat"]) < STOP_BELOW
+        chance = self.history[-1]["chance_to_beat"]
+        return chance is not None and float(chance) < STOP_BELOW
 
 
 def _number(value: Any) -> float | None:
@@ -224,6 +227,10 @@ def load_prediction(study_path: Path) -> dict[str, Any] | None:
         return None
     data = store.read_json(path)
     return data if isinstance(data, dict) else None
+
+
+def _percent(value: Any) -> str:
+    return "—" if value is None else f"{float(value):.0%}"
 
 
 def _fmt(value: Any, spec: str = ",.0f") -> str:
@@ -258,7 +265,7 @@ def prediction_section(study_path: Path, plot: Path | None = None) -> list[str]:
         sd = "—" if res.get("stated_sd") is None else f"±{float(res['stated_sd']):.0%}"
         trust = "model" if h.get("trusted", True) else "**measurements**"
         rows.append(f"| {h['trial']} | {_fmt(h.get('predicted_prior'))} | {_fmt(predicted)} | {_fmt(measured)} "
-                    f"{what} | {ratio} | {sd} | {z} | {trust} | {float(h['chance_to_beat']):.0%} |")
+                    f"{what} | {ratio} | {sd} | {z} | {trust} | {_percent(h.get('chance_to_beat'))} |")
     lines += ["| trial | predicted, prior | predicted, before launch | measured | measured / predicted | "
               "stated sd | residual / stated sd | next launch led by | chance to beat |",
               "|---|---|---|---|---|---|---|---|---|", *rows, ""]

@@ -118,7 +118,7 @@ def chance(folder: Path) -> str:
     lines = ["| node | " + " | ".join(f"after {i}" for i in range(1, 11)) + " |", "|---|" + "---|" * 10]
     for node, per in data["nodes"].items():
         c = per["model"].get("chance_median_by_launch") or []
-        cells = [f"{c[i]:.0%}" if i < len(c) else "" for i in range(10)]
+        cells = [f"{c[i]:.0%}" if i < len(c) and c[i] is not None else "" for i in range(10)]
         lines.append(f"| {node} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
