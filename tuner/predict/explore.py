@@ -33,9 +33,9 @@ NEIGHBOURS_OF = 3
 MODEL_CANDIDATES = 200
 LENGTH = 1.5
 DRAWS = 64
-FAILURE_LENGTH = 0.7
 FAILURE_PRIOR_RATE = 0.1
-FAILURE_PRIOR_WEIGHT = 0.5
+FAILURE_TEMPER = 0.5
+"""Naive Bayes multiplies levers as if independent; the square root keeps its odds from running away."""
 
 
 @dataclass(frozen=True)
@@ -72,18 +72,32 @@ class _Model:
 def failure_rate(codes: np.ndarray, outcomes: Sequence[tuple[int, bool]], points: np.ndarray) -> np.ndarray:
     """Chance each of ``points`` fails to run, from the launches so far (``outcomes``: (point, failed)).
 
-    A kernel-weighted failure rate over lever distance, shrunk toward the launches' overall rate: a
-    configuration that shares its settings with launches that failed under load, and with none that ran,
-    is likely to fail the same way, whatever the memory arithmetic said.
+    A tempered naive Bayes over lever settings: each setting's share among the launches that failed
+    against its share among those that ran (Laplace-smoothed), multiplied over the levers, the product
+    taken to the power :data:`FAILURE_TEMPER`. A failure under load follows a few settings together
+    (high memory utilisation with a dispatch buffer, say) whatever the other levers are, which a distance
+    over every lever cannot see.
     """
     if not outcomes:
         return np.zeros(points.size)
     pts = np.array([pt for pt, _ in outcomes], dtype=np.int64)
-    failed = np.array([f for _, f in outcomes], dtype=np.float64)
-    base = (failed.sum() + FAILURE_PRIOR_RATE * FAILURE_PRIOR_WEIGHT) / (failed.size + FAILURE_PRIOR_WEIGHT)
-    d = (codes[points][:, None, :] != codes[pts][None, :, :]).sum(axis=2)
-    w = np.exp(-d / FAILURE_LENGTH)
-    return np.asarray((FAILURE_PRIOR_WEIGHT * base + w @ failed) / (FAILURE_PRIOR_WEIGHT + w.sum(axis=1)))
+    failed = np.array([f for _, f in outcomes], dtype=bool)
+    n_fail, n_ok = int(failed.sum()), int((~failed).sum())
+    if n_fail == 0:
+        return np.zeros(points.size)
+    prior = (n_fail + FAILURE_PRIOR_RATE) / (failed.size + 1.0)
+    log_odds = np.full(points.size, np.log(prior / (1.0 - prior)))
+    cand = codes[points]
+    for j in range(codes.shape[1]):
+        values = codes[pts, j]
+        levels = max(int(codes[:, j].max()) + 2, 2)  # -1 (the lever is off) shifts to 0
+        fail_counts = np.bincount(values[failed] + 1, minlength=levels)
+        ok_counts = np.bincount(values[~failed] + 1, minlength=levels)
+        mine = cand[:, j] + 1
+        p_fail = (fail_counts[mine] + 1.0) / (n_fail + levels)
+        p_ok = (ok_counts[mine] + 1.0) / (n_ok + levels)
+        log_odds += FAILURE_TEMPER * np.log(p_fail / p_ok)
+    return np.asarray(1.0 / (1.0 + np.exp(-log_odds)))
 
 
 def explore(predictor: object, coeffs: Coefficients, observed: Sequence[tuple[int, float]], launched: set[int],
