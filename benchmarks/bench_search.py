@@ -391,9 +391,8 @@ def run_grid(node: Node, truth: search_truth.Truth, seed: int, launches: int) ->
             continue
         seen.add(key)
         point = table.index_of[key]
-        row = int(table.phys_of[point])
         values.append(float(truth.value[point]))
-        failed.append(row < 0 or not bool(truth.runs[row]))
+        failed.append(not truth.runs_at(point))
     # The sweep measures once per launch and keeps the best; its true best of the first 12 stands in.
     baseline = max((float(truth.value[p]) for p in baseline_points(node)), default=0.0)
     return Run(node.name, "grid", seed, truth.optimum, values, failed, 0, [], time.perf_counter() - started,
@@ -570,6 +569,18 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         if key not in latest or r["launches_cap"] >= latest[key]["launches_cap"]:
             latest[key] = r
     summary = summarize(list(latest.values()))
+    if args.keep_from is not None:  # searches not re-run keep their entries from an earlier summary
+        earlier = json.loads(args.keep_from.read_text())
+        renamed = dict(pair.split("=", 1) for pair in args.rename)
+        for node, per in earlier["nodes"].items():
+            for old, entry in per.items():
+                method = renamed.get(old, old)
+                if not old.startswith("_") and method not in summary["nodes"].get(node, {}):
+                    summary["nodes"].setdefault(node, {})[method] = {**entry, "from_earlier_run": True,
+                                                                     **({"earlier_name": old} if old != method
+                                                                        else {})}
+        summary["kept_from_earlier_run"] = sorted({m for per in summary["nodes"].values() for m, e in per.items()
+                                                   if isinstance(e, dict) and e.get("from_earlier_run")})
     summary["noise"] = {"throughput_sd": args.noise, "latency_sd": args.latency_noise}
     summary["spread"] = args.spread
     summary["truth"] = args.truth
@@ -719,6 +730,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--first-seed", type=int, default=0)
     run.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     summ = sub.add_parser("summarize", parents=[common])
+    summ.add_argument("--keep-from", type=Path, default=None,
+                      help="an earlier summary.json: the searches these runs do not hold keep its entries")
+    summ.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                      help="with --keep-from: an earlier entry's search under a new name (the code it ran is now NEW)")
     summ.add_argument("--out", type=Path, default=None,
                       help="default docs/evidence/search-emulated, search-independent for --truth independent")
     desc = sub.add_parser("describe", parents=[common], help="truth.json: the independent node, seed by seed")

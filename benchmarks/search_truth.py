@@ -76,6 +76,11 @@ class Truth:
     def reached(self, point: int, fraction: float) -> bool:
         return bool(self.value[point] >= fraction * self.optimum)
 
+    def runs_at(self, point: int) -> bool:
+        """The launch of ``point`` starts and passes its gates (False where the feasibility model refuses it)."""
+        row = int(self.table.phys_of[point])
+        return row >= 0 and bool(self.runs[row])
+
     def measure(self, point: int, rng: np.random.Generator, *, noise: float = NOISE_THROUGHPUT,
                 latency_noise: float = NOISE_LATENCY) -> Outcome:
         """Launch ``point``: its failure, or its ladder under noise, as the study would record it."""
@@ -165,6 +170,10 @@ class IndependentTruth:
 
     def reached(self, point: int, fraction: float) -> bool:
         return bool(self.value[point] >= fraction * self.optimum)
+
+    def runs_at(self, point: int) -> bool:
+        """The launch of ``point`` starts and survives the ladder (False where the feasibility model refuses it)."""
+        return bool(not self.table.prunable[point] and self.starts[point] and self.survives[point])
 
     def measure(self, point: int, rng: np.random.Generator, *, noise: float = 0.0,
                 latency_noise: float = 0.0) -> Outcome:

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ORDER = ("model", "model-prior", "default", "tpe", "gp", "random", "grid")
-LABEL = {"model": "**`--prior model`**", "model-prior": "`--prior model`, never corrected (ablation)",
+ORDER = ("model", "model-trusting", "model-prior", "default", "tpe", "gp", "random", "grid")
+LABEL = {"model": "**`--prior model`**", "model-trusting": "`--prior model` before issue 24",
+         "model-prior": "`--prior model` before issue 24, never corrected (ablation)",
          "default": "TPE multivariate + group (`--prior none` before this change)",
          "tpe": "TPE multivariate, no group (`--prior none` now)",
          "gp": "GPSampler", "random": "random search", "grid": "`vllm bench sweep serve` grid"}
@@ -62,10 +63,14 @@ def _launches(data: dict[str, Any]) -> str:
             if e is None:
                 continue
             cap = e["cap"]
-            lines.append(f"| {LABEL[name]} | {_q(e['to_90'], cap)} | {_q(e['to_95'], cap)} | {_q(e['to_98'], cap)} | "
+            label = LABEL[name] + (" ¹" if e.get("from_earlier_run") else "")
+            lines.append(f"| {label} | {_q(e['to_90'], cap)} | {_q(e['to_95'], cap)} | {_q(e['to_98'], cap)} | "
                          f"{e['to_98']['reached']}/{e['seeds']} | {e['best_after_12']:.3f} | "
                          f"{e['failed_in_first_12']:.1f} | {cap} |")
         lines.append("")
+    if any(e.get("from_earlier_run") for per in data["nodes"].values() for e in per.values() if isinstance(e, dict)):
+        lines.append("¹ From the earlier run of this table (issue 18), with the code of that time: the guide before "
+                     "issue 24, and searches whose code has not changed since.")
     return "\n".join(lines).rstrip() + "\n"
 
 
