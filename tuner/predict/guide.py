@@ -11,9 +11,11 @@ diverse: no two of the same topology, MoE kernel, all2all and speculation settin
 (:mod:`tuner.predict.correction`), fits a Gaussian process on what the corrected model still gets
 wrong (the residual, over lever distance), remembers which kind of configuration failed, and
 proposes the untried point with the largest expected improvement over the measured best, over
-draws of the corrected model (:meth:`Guide.next_point`). :meth:`Guide.chance_to_beat` is the
-probability, over those draws, that some untried point beats the winner by more than the
-measurement noise: the stop estimate.
+draws of the corrected model (:meth:`Guide.next_point`). Each launch is also held against the value and
+uncertainty the model stated for it before (:mod:`tuner.predict.trust`); once the model's errors exceed
+what it states, the next launch is chosen by the measurements instead (:mod:`tuner.predict.explore`).
+:meth:`Guide.chance_to_beat` is the probability, over those draws, that some untried point beats the
+winner by more than the measurement noise: the stop estimate.
 
 Everything is computed on a **pool**: the rows that rank near the top under the prior or under one
 of several draws of it (a mis-calibrated constant cannot lift a row from outside the pool into the
@@ -215,7 +217,6 @@ class Predictor:
             chosen.append((float(score[row]), row))
         chosen.sort(reverse=True)
         return [int(np.flatnonzero(self.table.phys_of == row)[0]) for _, row in chosen[:k]]
-
 
     def cell(self, row: int) -> tuple[object, object, object]:
         """(topology, MoE kernel, batching) of a physics row: the dimensions the first picks spread over."""
