@@ -219,6 +219,7 @@ def _tell_duplicate(study: optuna.Study, trial: optuna.Trial, first: int) -> Non
 CONFIRM_TOP_K = 2
 CONFIRM_REPEATS = 3
 CONFIRM_NOISE = 0.05
+CONFIRM_MAX_SPREAD = 0.25
 EXPORT_AFTER = 12
 
 
@@ -226,7 +227,10 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
                     after: int = EXPORT_AFTER) -> float | None:
     """True value of the winner the study would export after ``after`` launches: its confirmation (as
     ``tuner.study.confirm`` ships: the top 2 screening values, and any within 5 % of the second, each run
-    3 more times; the best median − MAD wins) on the same node, with the node's noise."""
+    3 more times; a candidate is confirmed when every repeat met the SLOs and their spread is within 25 %
+    of their median; the best confirmed median − MAD wins, else the best screening value) on the same
+    node, with the node's noise. Each repeat runs the launch's ladder again (the study repeats the chosen
+    step, and steps down when a repeat misses an SLO there)."""
     screened = sorted(((m, p) for m, p in zip(measured[:after], points[:after], strict=True) if m),
                       reverse=True)
     if not screened:
@@ -244,8 +248,12 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
     best, best_point = -math.inf, candidates[0]
     for p in candidates:
         runs = [truth.measure(p, rng) for _ in range(CONFIRM_REPEATS)]
-        vals = [o.value if o.feasible else 0.0 for o in runs]
+        if not all(o.feasible for o in runs):
+            continue
+        vals = [o.value for o in runs]
         med = statistics.median(vals)
+        if med <= 0 or (max(vals) - min(vals)) / med > CONFIRM_MAX_SPREAD:
+            continue
         robust = med - statistics.median(abs(v - med) for v in vals)
         if robust > best:
             best, best_point = robust, p
@@ -581,6 +589,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
                                                                         else {})}
         summary["kept_from_earlier_run"] = sorted({m for per in summary["nodes"].values() for m, e in per.items()
                                                    if isinstance(e, dict) and e.get("from_earlier_run")})
+        summary["earlier_run"] = {k: earlier[k] for k in ("runs", "runs_wall_s") if k in earlier}
     summary["noise"] = {"throughput_sd": args.noise, "latency_sd": args.latency_noise}
     summary["spread"] = args.spread
     summary["truth"] = args.truth
@@ -605,6 +614,25 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     name = "summary.json" if args.spread == DEFAULT_SPREAD[args.truth] else f"summary-spread{args.spread:g}.json"
     (args.out / name).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out / name}", file=sys.stderr)
+    return 0
+
+
+def cmd_reexport(args: argparse.Namespace) -> int:
+    """Recompute each cached run's exported winner (after a change to :func:`exported_winner`) in place."""
+    rows = [json.loads(line) for line in args.cache.read_text().splitlines()]
+    by_truth: dict[tuple[str, int, float, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "points" in r and r["method"] != "grid":
+            by_truth.setdefault((r["node"], r["seed"], r.get("spread", 0.3), r.get("truth", "wave")), []).append(r)
+    for (node_name, seed, spread, kind), mine in sorted(by_truth.items()):
+        node = load_node(node_name)
+        truth = make_truth(node, seed, spread, kind)
+        for r in mine:
+            measured = r["measured"]
+            exported = exported_winner(truth, r["points"], measured, np.random.default_rng(seed * 104729 + 3))
+            r["exported_12"] = None if exported is None else round(exported, 2)
+        print(f"{node_name} seed {seed}: {len(mine)} runs re-exported", file=sys.stderr, flush=True)
+    args.cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
 
 
@@ -736,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="with --keep-from: an earlier entry's search under a new name (the code it ran is now NEW)")
     summ.add_argument("--out", type=Path, default=None,
                       help="default docs/evidence/search-emulated, search-independent for --truth independent")
+    sub.add_parser("reexport", parents=[common], help="recompute the cached runs' exported winners in place")
     desc = sub.add_parser("describe", parents=[common], help="truth.json: the independent node, seed by seed")
     desc.add_argument("--seeds", type=int, default=30)
     desc.add_argument("--first-seed", type=int, default=0)
@@ -757,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "describe" and args.truth != "independent":
         parser.error("describe reads the independent truth: add --truth independent")
     return {"run": cmd_run, "summarize": cmd_summarize, "validate": cmd_validate,
-            "describe": cmd_describe}[args.cmd](args)
+            "describe": cmd_describe, "reexport": cmd_reexport}[args.cmd](args)
 
 
 if __name__ == "__main__":

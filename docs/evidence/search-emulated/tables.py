@@ -162,7 +162,12 @@ def wall(folder: Path) -> str:
 
 def total(folder: Path) -> str:
     data = _summary(folder)
-    return f"{data['runs']} runs in {data['runs_wall_s'] / 60:.0f} minutes"
+    out = f"{data['runs']} runs in {data['runs_wall_s'] / 60:.0f} minutes"
+    earlier = data.get("earlier_run")
+    if earlier:
+        out += (f" (the re-run of `--prior model` after issue 24; the rows kept from the earlier run took "
+                f"{earlier['runs']} runs in {earlier['runs_wall_s'] / 60:.0f} minutes)")
+    return out
 
 
 def _per_seed(folder: Path, node: str, search: str, target: str) -> list[int | None]:
