@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -601,6 +602,15 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         summary["nodes"][node]["_objective"] = n.model.describe()
         summary["nodes"][node]["_space"] = {"points": len(n.table), "pruned": int(n.table.prunable.sum()),
                                             "baselines": [b.name for b in n.profile.baselines]}
+        for method in ("model", "model-trusting"):  # where the guide spent its launches, seed by seed:
+            # launches per topology and draft tokens ("topology|draft tokens")
+            if method in summary["nodes"][node] and not summary["nodes"][node][method].get("from_earlier_run"):
+                mine = sorted((r for r in latest.values() if r["node"] == node and r["method"] == method),
+                              key=lambda r: r["seed"])
+                params = n.table.params
+                summary["nodes"][node][method]["cells_launched"] = [
+                    dict(Counter(f"{params[p]['topology']}|{params[p].get('speculative.draft_tokens', 0)}"
+                                 for p in r.get("points", []))) for r in mine]
         optima = sorted({(r["seed"], r["optimum"]) for r in rows if r["node"] == node})
         summary["nodes"][node]["_optimum_tok_s"] = {"median": statistics.median(o for _, o in optima),
                                                     "min": min(o for _, o in optima),
@@ -641,7 +651,6 @@ def cmd_describe(args: argparse.Namespace) -> int:
     """``truth.json``: the independent model at the blog's three launches, and per node and seed its optimum,
     how many launches fail and why, what the feasibility model refuses that would run, and what the prior's
     first pick and the baselines are worth there."""
-    from collections import Counter
 
     from tuner.engines.emulated.independent import calibration_points, measure
 
