@@ -191,5 +191,5 @@ def wall(folder: Path) -> str:
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
-    "launches": launches, "goal": goal, "optimum_cells": optimum_cells, "distrust": distrust, "truth": truth, "calibration": calibration,
-    "total": total, "wall": wall}
+    "launches": launches, "goal": goal, "optimum_cells": optimum_cells, "distrust": distrust, "truth": truth,
+    "calibration": calibration, "total": total, "wall": wall}
