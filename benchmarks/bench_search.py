@@ -24,6 +24,7 @@ optimum: what the user would get if that launch were exported. The baselines cou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -34,6 +35,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -81,13 +83,24 @@ class Method:
     guided: bool = False
     learn: bool = True
     grid: bool = False
+    explore: bool = True
+    """--prior model: search by the measurements once the model is distrusted (False: the guide before issue 24)."""
+    spread: bool = True
+    """--prior model: the first picks spread over topology × MoE kernel × batching (False: one per topology, MoE
+    kernel and all2all class, before issue 24)."""
     cap: int = 40
     """Launches at most (the cheap searches run longer, so that their medians are measured, not censored)."""
 
 
 METHODS: dict[str, Method] = {m.name: m for m in [
-    Method("model", "--prior model: the baselines, the prior's 3 diverse picks, then the corrected model's "
-           "expected improvement", _quiet(lambda s: make_sampler(s)), guided=True),
+    Method("model", "--prior model: the baselines, the prior's 3 picks spread over topology x MoE kernel x batching, "
+           "then the corrected model's expected improvement; once its residuals exceed its stated uncertainty, "
+           "a GP on the measurements around it", _quiet(lambda s: make_sampler(s)), guided=True),
+    Method("model-classpicks", "ablation: --prior model with the first picks as before issue 24 (one per topology, "
+           "MoE kernel and all2all class)", _quiet(lambda s: make_sampler(s)), guided=True, spread=False),
+    Method("model-trusting", "--prior model before issue 24: its first picks, and it keeps ranking by the corrected "
+           "model when its residuals exceed its stated uncertainty", _quiet(lambda s: make_sampler(s)), guided=True,
+           explore=False, spread=False),
     Method("model-prior", "ablation: --prior model without learning (the prior's ranking and the failure memory, "
            "no correction, no residual)", _quiet(lambda s: make_sampler(s)), guided=True, learn=False),
     Method("default", "--prior none before this change: TPE multivariate + group, 4 startup",
@@ -150,16 +163,30 @@ class Run:
     """True value of each launch, in order (0: failed, pruned launch of the grid, or an SLO miss)."""
     failed: list[bool]
     controls: int
-    chance: list[float]
-    """--prior model: the stop estimate after each launch."""
+    chance: list[float | None]
+    """--prior model: the stop estimate after each launch (None: the model was distrusted, no estimate)."""
     wall_s: float
     cpu_s: float = 0.0
+    measured: list[float | None] = dataclasses.field(default_factory=list)
+    """What each launch measured (its screening value; None: it failed or missed an SLO)."""
+    exported_12: float | None = None
+    """True value of the winner the study exports after 12 launches (its top screening values confirmed)."""
+    baseline_best: float = 0.0
+    """True value of the best recipe baseline."""
+    distrust_at: int | None = None
+    """--prior model: the launch after which the guide stopped trusting the model (None: it never did)."""
+    points: list[int] = dataclasses.field(default_factory=list)
+    """The table point of each launch."""
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "method": self.method, "seed": self.seed, "optimum": round(self.optimum, 2),
                 "values": [round(v, 2) for v in self.values], "failed": self.failed, "controls": self.controls,
-                "chance": [round(c, 4) for c in self.chance], "wall_s": round(self.wall_s, 2),
-                "cpu_s": round(self.cpu_s, 2)}
+                "chance": [None if c is None else round(c, 4) for c in self.chance], "wall_s": round(self.wall_s, 2),
+                "cpu_s": round(self.cpu_s, 2),
+                "measured": [None if m is None else round(m, 2) for m in self.measured],
+                "exported_12": None if self.exported_12 is None else round(self.exported_12, 2),
+                "baseline_best": round(self.baseline_best, 2), "distrust_at": self.distrust_at,
+                "points": self.points}
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, names: list[str], outcome: search_truth.Outcome) -> None:
@@ -190,6 +217,59 @@ def _tell_duplicate(study: optuna.Study, trial: optuna.Trial, first: int) -> Non
     study.tell(trial, frozen.value if frozen.value is not None else 0.0)
 
 
+CONFIRM_TOP_K = 2
+CONFIRM_REPEATS = 3
+CONFIRM_NOISE = 0.05
+CONFIRM_MAX_SPREAD = 0.25
+EXPORT_AFTER = 12
+
+
+def exported_winner(truth: Any, points: list[int], measured: list[float | None], rng: np.random.Generator,
+                    after: int = EXPORT_AFTER) -> float | None:
+    """True value of the winner the study would export after ``after`` launches: its confirmation (as
+    ``tuner.study.confirm`` ships: the top 2 screening values, and any within 5 % of the second, each run
+    3 more times; a candidate is confirmed when every repeat met the SLOs and their spread is within 25 %
+    of their median; the best confirmed median − MAD wins, else the best screening value) on the same
+    node, with the node's noise. Each repeat runs the launch's ladder again (the study repeats the chosen
+    step, and steps down when a repeat misses an SLO there)."""
+    screened = sorted(((m, p) for m, p in zip(measured[:after], points[:after], strict=True) if m),
+                      reverse=True)
+    if not screened:
+        return None
+    seen: set[int] = set()
+    candidates: list[int] = []
+    for m, p in screened:
+        if p in seen:
+            continue
+        if len(candidates) >= CONFIRM_TOP_K and m < screened[min(CONFIRM_TOP_K, len(screened)) - 1][0] * (
+                1.0 - CONFIRM_NOISE):
+            break
+        seen.add(p)
+        candidates.append(p)
+    best, best_point = -math.inf, candidates[0]
+    for p in candidates:
+        runs = [truth.measure(p, rng) for _ in range(CONFIRM_REPEATS)]
+        if not all(o.feasible for o in runs):
+            continue
+        vals = [o.value for o in runs]
+        med = statistics.median(vals)
+        if med <= 0 or (max(vals) - min(vals)) / med > CONFIRM_MAX_SPREAD:
+            continue
+        robust = med - statistics.median(abs(v - med) for v in vals)
+        if robust > best:
+            best, best_point = robust, p
+    return float(truth.value[best_point])
+
+
+def baseline_points(node: Node) -> list[int]:
+    out = []
+    for base in node.profile.baselines:
+        found = node.table.index_of.get(build_config(node.profile, dict(base.values)).key())
+        if found is not None:
+            out.append(int(found))
+    return out
+
+
 def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, launches: int,
               *, stop_when_reached: bool = True, noise: float = search_truth.NOISE_THROUGHPUT,
               latency_noise: float = search_truth.NOISE_LATENCY) -> Run:
@@ -201,7 +281,9 @@ def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, 
     names = constraint_names(node.objective)
     values: list[float] = []
     failed: list[bool] = []
-    chance: list[float] = []
+    chance: list[float | None] = []
+    measured: list[float | None] = []
+    points: list[int] = []
     controls = 0
     assert method.sampler is not None
     with warnings.catch_warnings():
@@ -211,8 +293,8 @@ def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, 
             study.enqueue_trial(dict(base.values), user_attrs={"baseline": base.name}, skip_if_exists=True)
         guided = None
         if method.guided:
-            guided = GuidedSearch(Guide(node.predictor, noise_sd=noise, seed=seed, learn=method.learn),
-                                  node.profile)
+            guided = GuidedSearch(Guide(node.predictor, noise_sd=noise, seed=seed, learn=method.learn,
+                                        explore_when_distrusted=method.explore), node.profile, spread=method.spread)
             guided.enqueue_prior(study)
         launched: dict[str, int] = {}
         start_failed: set[str] = set()
@@ -232,18 +314,24 @@ def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, 
             launched[key] = trial.number
             values.append(float(truth.value[point]))
             failed.append(outcome.figures is None)
+            measured.append(outcome.value if outcome.feasible else None)
+            points.append(point)
             if outcome.failure_class == "oom":
                 start_failed.add(key)
             if guided is not None:
-                chance.append(float(guided.after_trial(study, trial.number)["chance_to_beat"]))
+                estimate = guided.after_trial(study, trial.number)["chance_to_beat"]
+                chance.append(None if estimate is None else float(estimate))
             return outcome
 
         def done() -> bool:
             if len(values) >= launches:
                 return True
+            if len(values) < EXPORT_AFTER:  # the winner exported after 12 launches is measured on every run
+                return False
             reached = bool(values) and max(values) >= TARGETS[-1] * truth.optimum
-            if guided is not None and method.learn:  # runs on until its own stop estimate says done
-                return reached and guided.done() if stop_when_reached else False
+            if guided is not None and method.learn:  # runs on until its own stop estimate says done (a
+                # distrusted model's estimate never does: then it stops once there, as the samplers do)
+                return reached and (guided.done() or guided.distrust_at() is not None) if stop_when_reached else False
             return reached and stop_when_reached
 
         while not done():
@@ -280,8 +368,11 @@ def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, 
                 launched[key] = trial.number
                 continue
             launch(trial, config)
+    exported = exported_winner(truth, points, measured, np.random.default_rng(seed * 104729 + 3))
+    baseline = max((float(truth.value[p]) for p in baseline_points(node)), default=0.0)
+    distrust = guided.distrust_at() if guided is not None and hasattr(guided, "distrust_at") else None
     return Run(node.name, method.name, seed, truth.optimum, values, failed, controls, chance,
-               time.perf_counter() - started, time.process_time() - cpu)
+               time.perf_counter() - started, time.process_time() - cpu, measured, exported, baseline, distrust, points)
 
 
 def cartesian(profile: HardwareProfile) -> Iterator[dict[str, Any]]:
@@ -309,11 +400,12 @@ def run_grid(node: Node, truth: search_truth.Truth, seed: int, launches: int) ->
             continue
         seen.add(key)
         point = table.index_of[key]
-        row = int(table.phys_of[point])
         values.append(float(truth.value[point]))
-        failed.append(row < 0 or not bool(truth.runs[row]))
+        failed.append(not truth.runs_at(point))
+    # The sweep measures once per launch and keeps the best; its true best of the first 12 stands in.
+    baseline = max((float(truth.value[p]) for p in baseline_points(node)), default=0.0)
     return Run(node.name, "grid", seed, truth.optimum, values, failed, 0, [], time.perf_counter() - started,
-               time.process_time() - cpu)
+               time.process_time() - cpu, [v or None for v in values], max(values[:EXPORT_AFTER] or [0.0]), baseline)
 
 
 class _Fixed:
@@ -332,22 +424,35 @@ class _Fixed:
 
 # -- the table --------------------------------------------------------------------------------------------------
 _NODES: dict[str, Node] = {}
-_TRUTHS: dict[tuple[str, int, float], search_truth.Truth] = {}
+_TRUTHS: dict[tuple[str, int, float, str], Any] = {}
+TRUTHS = ("wave", "independent")
+"""``wave``: the prior's own model with its constants drawn away (section 1 of docs/search.md);
+``independent``: a node written without it (tuner.engines.emulated.independent, issue 24)."""
+DEFAULT_SPREAD = {"wave": 0.3, "independent": 0.2}
 
 
-def _job(args: tuple[str, str, int, int, float, float, float]) -> dict[str, Any]:
-    node_name, method_name, seed, launches, noise, latency_noise, spread = args
+def make_truth(node: Node, seed: int, spread: float, kind: str = "wave") -> Any:
+    if kind == "independent":
+        return search_truth.make_independent_truth(node.table, node.model, seed, spread)
+    return search_truth.make_truth(node.table, node.model, seed, spread)
+
+
+def _job(args: tuple[str, str, int, int, float, float, float, str]) -> dict[str, Any]:
+    node_name, method_name, seed, launches, noise, latency_noise, spread, kind = args
     node = _NODES.get(node_name) or _NODES.setdefault(node_name, load_node(node_name))
-    truth = _TRUTHS.get((node_name, seed, spread))
+    truth = _TRUTHS.get((node_name, seed, spread, kind))
     if truth is None:
-        truth = _TRUTHS[(node_name, seed, spread)] = search_truth.make_truth(node.table, node.model, seed, spread)
+        truth = _TRUTHS[(node_name, seed, spread, kind)] = make_truth(node, seed, spread, kind)
         if len(_TRUTHS) > 4:
             _TRUTHS.pop(next(iter(_TRUTHS)))
     method = METHODS[method_name]
     run = run_grid(node, truth, seed, launches) if method.grid else run_study(
         node, truth, method, seed, launches, noise=noise, latency_noise=latency_noise)
     out = run.to_json()
-    out.update({"launches_cap": launches, "noise": noise, "latency_noise": latency_noise, "spread": spread})
+    out.update({"launches_cap": launches, "noise": noise, "latency_noise": latency_noise, "spread": spread,
+                "truth": kind})
+    if kind == "independent":
+        out["optimum_all"] = round(truth.optimum_all, 2)
     return out
 
 
@@ -366,10 +471,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     cap = {m: args.launches or METHODS[m].cap for m in methods}
     done = {(r["node"], r["method"], r["seed"]) for r in rows
             if r.get("noise") == args.noise and r.get("spread", 0.3) == args.spread and r["method"] in cap
-            and r.get("launches_cap", 0) >= cap[r["method"]]}
+            and r.get("truth", "wave") == args.truth and r.get("launches_cap", 0) >= cap[r["method"]]}
     for node in args.nodes.split(","):
         load_node(node)  # build the cache once, before the workers start
-    jobs = [(node, m, seed, cap[m], args.noise, args.latency_noise, args.spread) for node in args.nodes.split(",")
+    jobs = [(node, m, seed, cap[m], args.noise, args.latency_noise, args.spread, args.truth)
+            for node in args.nodes.split(",")
             for seed in range(args.first_seed, args.first_seed + args.seeds) for m in methods
             if (node, m, seed) not in done]
     print(f"{len(jobs)} runs to do ({len(done)} cached)", file=sys.stderr)
@@ -420,19 +526,42 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                                "per_seed": [x if x is not None else None for x in reach]}
             entry["best_after_12"] = statistics.median(
                 max(r["values"][:12] or [0.0]) / r["optimum"] for r in mine)
+            exported = [r["exported_12"] / r["optimum"] if r.get("exported_12") else 0.0 for r in mine
+                        if "exported_12" in r]
+            if exported:
+                baseline = [r["baseline_best"] / r["optimum"] for r in mine]
+                entry["exported_after_12"] = {
+                    "median": statistics.median(exported), "worst": min(exported),
+                    "per_seed": [round(x, 4) for x in exported],
+                    "at_least_95": sum(1 for x in exported if x >= 0.95),
+                    "below_best_baseline": sum(1 for x, b in zip(exported, baseline, strict=True) if x < b - 1e-9),
+                    "below_best_baseline_by_2pct": sum(1 for x, b in zip(exported, baseline, strict=True)
+                                                       if x < 0.98 * b)}
+                entry["best_baseline"] = {"median": statistics.median(baseline), "min": min(baseline),
+                                          "max": max(baseline)}
+                entry["best_below_baseline_after_12"] = sum(
+                    1 for r, b in zip(mine, baseline, strict=True) if max(r["values"][:12] or [0.0]) / r["optimum"]
+                    < b - 1e-9)
             entry["failed_in_first_12"] = statistics.mean(sum(r["failed"][:12]) for r in mine)
             entry["wall_s"] = statistics.mean(r["wall_s"] for r in mine)
             entry["cpu_s"] = statistics.mean(r.get("cpu_s", r["wall_s"]) for r in mine)
+            if method == "model" and any("distrust_at" in r for r in mine):
+                at = [r.get("distrust_at") for r in mine]
+                entry["distrust_at"] = {"per_seed": at, "seeds": sum(1 for a in at if a is not None),
+                                        "median": statistics.median(a for a in at if a is not None)
+                                        if any(a is not None for a in at) else None}
             if method == "model":
                 stops = []
                 for r in mine:
-                    stop = next((i for i, c in enumerate(r["chance"], start=1) if i >= 4 and c < 0.05), None)
+                    stop = next((i for i, c in enumerate(r["chance"], start=1)
+                                 if i >= 4 and c is not None and c < 0.05), None)
                     at = stop or len(r["values"])
                     stops.append({"seed": r["seed"], "stop_at": stop,
                                   "best_at_stop": round(max(r["values"][:at] or [0.0]) / r["optimum"], 4)})
                 entry["stop"] = stops
-                entry["chance_median_by_launch"] = [
-                    statistics.median(r["chance"][i] for r in mine if len(r["chance"]) > i)
+                entry["chance_median_by_launch"] = [  # over the seeds whose guide still trusted the model
+                    statistics.median(c) if (c := [r["chance"][i] for r in mine if len(r["chance"]) > i
+                                                   and r["chance"][i] is not None]) else None
                     for i in range(max(len(r["chance"]) for r in mine))]
             per[method] = entry
         out["nodes"][node] = per
@@ -442,15 +571,29 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def cmd_summarize(args: argparse.Namespace) -> int:
     rows = [json.loads(line) for line in args.cache.read_text().splitlines()]
     rows = [r for r in rows if r.get("noise") == args.noise and r.get("latency_noise") == args.latency_noise
-            and r.get("spread", 0.3) == args.spread]
+            and r.get("spread", 0.3) == args.spread and r.get("truth", "wave") == args.truth]
     latest: dict[tuple[str, str, int], dict[str, Any]] = {}
     for r in rows:  # the longest run of each (node, method, seed)
         key = (r["node"], r["method"], r["seed"])
         if key not in latest or r["launches_cap"] >= latest[key]["launches_cap"]:
             latest[key] = r
     summary = summarize(list(latest.values()))
+    if args.keep_from is not None:  # searches not re-run keep their entries from an earlier summary
+        earlier = json.loads(args.keep_from.read_text())
+        renamed = dict(pair.split("=", 1) for pair in args.rename)
+        for node, per in earlier["nodes"].items():
+            for old, entry in per.items():
+                method = renamed.get(old, old)
+                if not old.startswith("_") and method not in summary["nodes"].get(node, {}):
+                    summary["nodes"].setdefault(node, {})[method] = {**entry, "from_earlier_run": True,
+                                                                     **({"earlier_name": old} if old != method
+                                                                        else {})}
+        summary["kept_from_earlier_run"] = sorted({m for per in summary["nodes"].values() for m, e in per.items()
+                                                   if isinstance(e, dict) and e.get("from_earlier_run")})
+        summary["earlier_run"] = {k: earlier[k] for k in ("runs", "runs_wall_s") if k in earlier}
     summary["noise"] = {"throughput_sd": args.noise, "latency_sd": args.latency_noise}
     summary["spread"] = args.spread
+    summary["truth"] = args.truth
     summary["runs"] = len(latest)
     summary["runs_wall_s"] = round(sum(r["wall_s"] for r in latest.values()), 1)
     """Seconds the runs took, summed (truth tables and node caches not counted: a few seconds each)."""
@@ -459,14 +602,89 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         summary["nodes"][node]["_objective"] = n.model.describe()
         summary["nodes"][node]["_space"] = {"points": len(n.table), "pruned": int(n.table.prunable.sum()),
                                             "baselines": [b.name for b in n.profile.baselines]}
+        for method in ("model", "model-trusting"):  # where the guide spent its launches, seed by seed:
+            # launches per topology and draft tokens ("topology|draft tokens")
+            if method in summary["nodes"][node] and not summary["nodes"][node][method].get("from_earlier_run"):
+                mine = sorted((r for r in latest.values() if r["node"] == node and r["method"] == method),
+                              key=lambda r: r["seed"])
+                params = n.table.params
+                summary["nodes"][node][method]["cells_launched"] = [
+                    dict(Counter(f"{params[p]['topology']}|{params[p].get('speculative.draft_tokens', 0)}"
+                                 for p in r.get("points", []))) for r in mine]
         optima = sorted({(r["seed"], r["optimum"]) for r in rows if r["node"] == node})
         summary["nodes"][node]["_optimum_tok_s"] = {"median": statistics.median(o for _, o in optima),
                                                     "min": min(o for _, o in optima),
                                                     "max": max(o for _, o in optima)}
+        every = sorted({(r["seed"], r["optimum"], r["optimum_all"]) for r in rows
+                        if r["node"] == node and "optimum_all" in r})
+        if every:  # the feasibility model's refusals that the node would run, and what they are worth
+            summary["nodes"][node]["_optimum_all_over_optimum"] = {
+                "max": max(a / o for _, o, a in every), "seeds_above": sum(1 for _, o, a in every if a > o * 1.0001)}
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "summary.json" if args.spread == 0.3 else f"summary-spread{args.spread:g}.json"
+    name = "summary.json" if args.spread == DEFAULT_SPREAD[args.truth] else f"summary-spread{args.spread:g}.json"
     (args.out / name).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out / name}", file=sys.stderr)
+    return 0
+
+
+def cmd_reexport(args: argparse.Namespace) -> int:
+    """Recompute each cached run's exported winner (after a change to :func:`exported_winner`) in place."""
+    rows = [json.loads(line) for line in args.cache.read_text().splitlines()]
+    by_truth: dict[tuple[str, int, float, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "points" in r and r["method"] != "grid":
+            by_truth.setdefault((r["node"], r["seed"], r.get("spread", 0.3), r.get("truth", "wave")), []).append(r)
+    for (node_name, seed, spread, kind), mine in sorted(by_truth.items()):
+        node = load_node(node_name)
+        truth = make_truth(node, seed, spread, kind)
+        for r in mine:
+            measured = r["measured"]
+            exported = exported_winner(truth, r["points"], measured, np.random.default_rng(seed * 104729 + 3))
+            r["exported_12"] = None if exported is None else round(exported, 2)
+        print(f"{node_name} seed {seed}: {len(mine)} runs re-exported", file=sys.stderr, flush=True)
+    args.cache.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+# -- what the independent node is, seed by seed ---------------------------------------------------------------
+def cmd_describe(args: argparse.Namespace) -> int:
+    """``truth.json``: the independent model at the blog's three launches, and per node and seed its optimum,
+    how many launches fail and why, what the feasibility model refuses that would run, and what the prior's
+    first pick and the baselines are worth there."""
+
+    from tuner.engines.emulated.independent import calibration_points, measure
+
+    out: dict[str, Any] = {"calibration": {
+        name: {"concurrency": c, "output_tok_s": round(measure(o, "gh200x4", c).tokens_per_s, 1)}
+        for name, (o, c) in calibration_points().items()},
+        "blog": {"TP4": 5856, "DP4+EP": 12802, "DP4+EP+W4A8 / DP4+EP": 1.40}, "spread": args.spread, "nodes": {}}
+    for node_name in args.nodes.split(","):
+        node = load_node(node_name)
+        table = node.table
+        bases = baseline_points(node)
+        prior_top = node.predictor.ranking(top=1)[0].point
+        seeds = []
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            truth = make_truth(node, seed, args.spread, "independent")
+            launchable = ~table.prunable
+            fails = launchable & ~(truth.starts & truth.survives)
+            reasons = Counter(r for r, f in zip(truth.reason, fails, strict=True) if f)
+            seeds.append({
+                "seed": seed, "optimum": round(truth.optimum, 1), "optimum_all": round(truth.optimum_all, 1),
+                "optimum_params": dict(table.params[int(np.argmax(truth.value))]),
+                "launchable": int(launchable.sum()), "fail": int(fails.sum()), "fail_reasons": dict(reasons),
+                "miss_slo": int((launchable & truth.starts & truth.survives & (truth.value <= 0)).sum()),
+                "refused_but_runs": int((table.prunable & truth.starts & truth.survives).sum()),
+                "within_95": int((truth.value >= 0.95 * truth.optimum).sum()),
+                "within_98": int((truth.value >= 0.98 * truth.optimum).sum()),
+                "prior_top": round(float(truth.value[prior_top]) / truth.optimum, 4),
+                "baselines": [round(float(truth.value[p]) / truth.optimum, 4) for p in bases]})
+            print(f"{node_name} seed {seed}", file=sys.stderr, flush=True)
+        out["nodes"][node_name] = {"points": len(table), "refused": int(table.prunable.sum()),
+                                   "baselines": [b.name for b in node.profile.baselines], "seeds": seeds}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "truth.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out / 'truth.json'}", file=sys.stderr)
     return 0
 
 
@@ -527,7 +745,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--nodes", default=",".join(NODES))
-    common.add_argument("--cache", type=Path, default=CACHE / "runs.jsonl")
+    common.add_argument("--truth", choices=TRUTHS, default="wave",
+                        help="the node: the prior's model with its constants drawn away (wave), or a node written "
+                        "without it (independent)")
+    common.add_argument("--cache", type=Path, default=None,
+                        help="the runs (default runs/bench-search/runs.jsonl; independent.jsonl for --truth "
+                        "independent)")
     common.add_argument("--launches", type=int, default=0,
                         help="launch cap per run (default: each method's, 40 for the model-based, 100-200 for the "
                         "cheap ones)")
@@ -535,15 +758,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="relative sd of a launch's throughput")
     common.add_argument("--latency-noise", type=float, default=search_truth.NOISE_LATENCY,
                         help="relative sd of a launch's p95 TTFT and ITL")
-    common.add_argument("--spread", type=float, default=0.3,
-                        help="how far the node's constants are from the model's (±spread; default 0.3)")
+    common.add_argument("--spread", type=float, default=None,
+                        help="how far the node's constants are drawn (±spread; default 0.3 from the model's for "
+                        "wave, 0.2 from the independent model's nominal for independent)")
     run = sub.add_parser("run", parents=[common])
     run.add_argument("--methods", default=",".join(METHODS))
     run.add_argument("--seeds", type=int, default=30)
     run.add_argument("--first-seed", type=int, default=0)
     run.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     summ = sub.add_parser("summarize", parents=[common])
-    summ.add_argument("--out", type=Path, default=HERE.parent / "docs" / "evidence" / "search-emulated")
+    summ.add_argument("--keep-from", type=Path, default=None,
+                      help="an earlier summary.json: the searches these runs do not hold keep its entries")
+    summ.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                      help="with --keep-from: an earlier entry's search under a new name (the code it ran is now NEW)")
+    summ.add_argument("--out", type=Path, default=None,
+                      help="default docs/evidence/search-emulated, search-independent for --truth independent")
+    sub.add_parser("reexport", parents=[common], help="recompute the cached runs' exported winners in place")
+    desc = sub.add_parser("describe", parents=[common], help="truth.json: the independent node, seed by seed")
+    desc.add_argument("--seeds", type=int, default=30)
+    desc.add_argument("--first-seed", type=int, default=0)
+    desc.add_argument("--out", type=Path, default=None)
     val = sub.add_parser("validate", parents=[common])
     val.add_argument("--samples", type=int, default=120)
     val.add_argument("--seed", type=int, default=0)
@@ -551,7 +785,17 @@ def main(argv: list[str] | None = None) -> int:
                      help="keep agreement.json's scheduler runs, recompute its wave-model side")
     val.add_argument("--out", type=Path, default=HERE.parent / "docs" / "evidence" / "search-emulated")
     args = parser.parse_args(argv)
-    return {"run": cmd_run, "summarize": cmd_summarize, "validate": cmd_validate}[args.cmd](args)
+    if args.spread is None:
+        args.spread = DEFAULT_SPREAD[args.truth]
+    if args.cache is None:
+        args.cache = CACHE / ("runs.jsonl" if args.truth == "wave" else f"{args.truth}.jsonl")
+    if getattr(args, "out", "") is None:
+        args.out = HERE.parent / "docs" / "evidence" / ("search-emulated" if args.truth == "wave"
+                                                        else f"search-{args.truth}")
+    if args.cmd == "describe" and args.truth != "independent":
+        parser.error("describe reads the independent truth: add --truth independent")
+    return {"run": cmd_run, "summarize": cmd_summarize, "validate": cmd_validate,
+            "describe": cmd_describe, "reexport": cmd_reexport}[args.cmd](args)
 
 
 if __name__ == "__main__":

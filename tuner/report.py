@@ -458,7 +458,8 @@ def _plot_predicted(folder: Path, out: Path) -> Path | None:
     ax.set_xlabel("predicted before launch (output tok/s)")
     ax.set_ylabel("measured (output tok/s)")
     ax.legend(fontsize=8)
-    bx.plot([h["trial"] for h in history], [float(h["chance_to_beat"]) for h in history], marker="o")
+    estimated = [h for h in history if h.get("chance_to_beat") is not None]  # none once the model is distrusted
+    bx.plot([h["trial"] for h in estimated], [float(h["chance_to_beat"]) for h in estimated], marker="o")
     bx.axhline(STOP_BELOW, color="grey", linestyle="--", linewidth=1)
     bx.set_xlabel("trial")
     bx.set_ylabel("chance an untried configuration wins")

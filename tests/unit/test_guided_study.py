@@ -64,7 +64,8 @@ def test_the_prior_queues_its_picks_after_the_baselines_and_the_guide_then_propo
             trial.set_constraint(name, -0.5)
         study.tell(trial, 10000.0)
         entry = guided.after_trial(study, trial.number)
-        assert 0.0 <= entry["chance_to_beat"] <= 1.0
+        assert entry["chance_to_beat"] is None or 0.0 <= entry["chance_to_beat"] <= 1.0
+        assert (entry["chance_to_beat"] is None) == (entry["distrust_at"] is not None)
         assert config.key() == predictor.table.keys[asked[-1]]  # type: ignore[index]
     n = len(profile.baselines)  # type: ignore[attr-defined]
     assert asked[n:n + 3] == picks
@@ -88,10 +89,20 @@ def test_the_report_shows_predicted_against_measured_and_the_factors(tmp_path: P
          "rms_log_error_before": 0.18, "rms_log_error_after": 0.01}]
     (tmp_path / PREDICTION_FILE).write_text(json.dumps({"history": history, "objective": "x"}))
     text = "\n".join(prediction_section(tmp_path))
-    assert "| 0 | 6,378 | 6,378 | 5,300  | 0.83 | 100% |" in text
+    assert "| 0 | 6,378 | 6,378 | 5,300  | 0.83 | — | — | model | 100% |" in text
     assert "guard_failed" in text and "| 1 |" in text
     assert "| backend:humming | 0.62 | 0.5–0.75 | moe_mfu_humming |" in text
+    assert "trusted the model throughout" in text
     assert prediction_section(tmp_path / "none") == []
+    # a history whose second launch missed its prediction by far more than the model said
+    history[0]["residual"] = {"launch": 1, "z": -1.4, "stated_sd": 0.13, "surprise": False}
+    history[1].update(residual={"launch": 2, "z": None, "stated_sd": 0.11, "surprise": True}, trusted=False,
+                      distrust_at=2, distrust_why="2 launches the model expected to run and meet the SLOs did not")
+    (tmp_path / PREDICTION_FILE).write_text(json.dumps({"history": history, "objective": "x"}))
+    text = "\n".join(prediction_section(tmp_path))
+    assert "| ±13% | -1.4 | model |" in text
+    assert "— (expected to run) | **measurements** |" in text
+    assert "stopped trusting the model after launch 2** (trial 1): 2 launches the model expected" in text
 
 
 def test_plan_shows_the_predicted_optimum_the_top_and_the_picks(profile: object) -> None:

@@ -75,7 +75,11 @@ def test_the_model_guided_study_beats_the_sampler_alone_and_random_search(runs: 
 
 
 def test_the_stop_estimate_falls_once_the_optimum_is_found(runs: dict[str, list[object]]) -> None:
-    for run in runs["model"]:
+    # Where the guide stopped trusting the model (issue 24) there is no estimate to fall; on this node, whose
+    # structure is the model's, most seeds keep trusting it.
+    trusted = [run for run in runs["model"] if run.distrust_at is None]  # type: ignore[attr-defined]
+    assert len(trusted) >= len(runs["model"]) // 2
+    for run in trusted:
         chance = run.chance  # type: ignore[attr-defined]
         assert chance[0] == 1.0  # nothing feasible measured beyond the first baseline: everything may beat it
         found = int(_to(run, 0.98))

@@ -7,10 +7,12 @@
     fluid.py       what a closed-loop benchmark measures on each launch: a wave model over the step time
     surface.py     an objective's value under its SLOs, through its ladder (:class:`ObjectiveModel`)
     correction.py  the correction factors refitted after each launch (backend, topology, speculation, node)
-    guide.py       the prior's ranking and diverse top picks (:class:`Predictor`); the corrected model's
+    guide.py       the prior's ranking and first picks (:class:`Predictor`); the corrected model's
                    next launch and the chance to beat the winner (:class:`Guide`)
     disagg.py      a prefill/decode layout's figures: two pools and the KV transfer between them (it
                    replaces those rows' figures in the wave model; issue 27)
+    trust.py       each launch's residual against the uncertainty the model stated; when to stop trusting it
+    explore.py     the next launch once the model is distrusted: a GP on the measurements around the model
 
 Pure code below the study: no Optuna, no I/O. ``tuner.study.guided`` joins it to a study.
 """

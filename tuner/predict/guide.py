@@ -11,9 +11,11 @@ diverse: no two of the same topology, MoE kernel, all2all and speculation settin
 (:mod:`tuner.predict.correction`), fits a Gaussian process on what the corrected model still gets
 wrong (the residual, over lever distance), remembers which kind of configuration failed, and
 proposes the untried point with the largest expected improvement over the measured best, over
-draws of the corrected model (:meth:`Guide.next_point`). :meth:`Guide.chance_to_beat` is the
-probability, over those draws, that some untried point beats the winner by more than the
-measurement noise: the stop estimate.
+draws of the corrected model (:meth:`Guide.next_point`). Each launch is also held against the value and
+uncertainty the model stated for it before (:mod:`tuner.predict.trust`); once the model's errors exceed
+what it states, the next launch is chosen by the measurements instead (:mod:`tuner.predict.explore`).
+:meth:`Guide.chance_to_beat` is the probability, over those draws, that some untried point beats the
+winner by more than the measurement noise: the stop estimate.
 
 Everything is computed on a **pool**: the rows that rank near the top under the prior or under one
 of several draws of it (a mis-calibrated constant cannot lift a row from outside the pool into the
@@ -31,10 +33,12 @@ import numpy as np
 from tuner.engines.emulated import NOMINAL, Coefficients
 from tuner.failures import FailureClass
 from tuner.predict.correction import PRIOR_SD, Correction, Factor, Observation, apply, factors_for, fit
+from tuner.predict.explore import explore
 from tuner.predict.fluid import startup_ok, wave_bench
 from tuner.predict.steptime import coefficient_arrays
 from tuner.predict.surface import SLO_FIGURES, ObjectiveModel, Surface, evaluate
 from tuner.predict.table import SpaceTable
+from tuner.predict.trust import Residual, Trust
 from tuner.search.profile import DRAFT_TOKENS_PARAM, TOPOLOGY_PARAM, Scalar
 from tuner.search.space import build_config
 
@@ -44,6 +48,8 @@ START_FAILURES = frozenset({"bad_flag", "oom", "timeout", "hang", "crash", "nccl
 """Failure classes of a launch that never became ready because of its flags (``tuner.failures``)."""
 SPECULATION_MARGIN = 0.10
 """A prior pick speculates only when predicted this much better than its class's best without speculation."""
+SPREAD_DIFFER_IN = 2
+"""The first picks differ from each other and from the baselines in this many of topology, MoE kernel, batching."""
 NUMERICS_LEVERS = ("moe-backend", "all2all-backend", "kv-cache-dtype", "quantization", "dtype", DRAFT_TOKENS_PARAM)
 """Levers that change what the model computes: a failed correctness gate is blamed on these alone."""
 
@@ -68,6 +74,9 @@ class Choice:
     predicted: float
     expected_improvement: float
     p_fail: float
+    led_by: str = "model"
+    """``model``: the corrected model's expected improvement; ``measurements``: the model is distrusted and
+    the measurement-led GP chose (:mod:`tuner.predict.explore`)."""
 
 
 def _class_key(table: SpaceTable, row: int) -> tuple[object, ...]:
@@ -210,6 +219,46 @@ class Predictor:
         chosen.sort(reverse=True)
         return [int(np.flatnonzero(self.table.phys_of == row)[0]) for _, row in chosen[:k]]
 
+    def cell(self, row: int) -> tuple[object, object, object]:
+        """(topology, MoE kernel, batching) of a physics row: the dimensions the first picks spread over."""
+        phys = self.table.physics
+        return (phys.configs[row].topology_name, phys.moe_field[row],
+                (int(phys.max_num_seqs[row]), int(phys.max_batched_tokens[row])))
+
+    def spread_top(self, k: int, exclude: Sequence[int] = (), differ_in: int = SPREAD_DIFFER_IN) -> list[int]:
+        """The best ``k`` points under the prior, spread over topology × MoE kernel × batching.
+
+        Greedy, best predicted first. The first pick is the model's best outside the cells of ``exclude``
+        (the recipe baselines); each later one differs from every earlier pick and every point of
+        ``exclude`` in at least ``differ_in`` of topology, MoE kernel and batching (max-num-seqs with
+        max-num-batched-tokens), or, when none is left that does, in at least one. Within its cell a pick
+        speculates only when predicted :data:`SPECULATION_MARGIN` better than without.
+        """
+        s = self.prior_surface
+        score = np.where(self.usable(s, self.base), s.value, -1.0)
+        phys = self.table.physics
+        order = [int(r) for r in np.argsort(-score) if score[r] > 0]
+        best: dict[tuple[object, ...], dict[bool, int]] = {}
+        for row in order:
+            best.setdefault(self.cell(row), {}).setdefault(bool(phys.spec_k[row] > 0), row)
+        taken = [self.cell(int(self.table.phys_of[p])) for p in exclude if self.table.phys_of[p] >= 0]
+        chosen: list[int] = []
+        for need in sorted({differ_in, 1}, reverse=True):
+            for cell, per in best.items():
+                if len(chosen) >= k:
+                    break
+                here = need if chosen else 1
+                if any(sum(a != b for a, b in zip(cell, other, strict=True)) < here
+                       for other in taken + [self.cell(r) for r in chosen]):
+                    continue
+                plain, spec = per.get(False), per.get(True)
+                pick = plain if plain is not None else spec
+                if spec is not None and plain is not None and score[spec] > score[plain] * (1.0 + SPECULATION_MARGIN):
+                    pick = spec
+                assert pick is not None
+                chosen.append(pick)
+        return [int(np.flatnonzero(self.table.phys_of == r)[0]) for r in chosen]
+
 
 def _encode(table: SpaceTable) -> np.ndarray:
     names = table.profile.param_names()
@@ -260,8 +309,11 @@ class Guide:
     residual_length: float = 2.0
     learn: bool = True
     """False: never refit (the prior's ranking alone, with the failure memory; an ablation for the benchmark)."""
+    explore_when_distrusted: bool = True
+    """False: keep ranking by the corrected model after it is distrusted (an ablation for the benchmark)."""
     launches: list[_Launch] = field(default_factory=list)
     correction: Correction | None = None
+    trust: Trust = field(default_factory=Trust)
     _rng: np.random.Generator = field(init=False)
     _fitted: bool = field(init=False, default=False)
     _evaluation: _Evaluation | None = field(init=False, default=None)
@@ -279,9 +331,46 @@ class Guide:
         if figures and concurrency and row >= 0 and (figures.get("output_tok_s") or 0) > 0:
             obs = Observation(row=row, concurrency=int(concurrency), output_tok_s=figures.get("output_tok_s"),
                               ttft_p95_ms=figures.get("ttft_p95_ms"), itl_p95_ms=figures.get("itl_p95_ms"))
+        if self.learn and row >= 0 and failure_class != FailureClass.INTERRUPTED.value:
+            self._check(point, value if feasible else None, failure_class)
         self.launches.append(_Launch(point, obs, value, feasible, failure_class))
         self._fitted = False
         self._evaluation = None
+
+    def _check(self, point: int, measured: float | None, failure_class: str | None) -> None:
+        """Hold a launch's measurement against what the model stated before it (:class:`Trust`)."""
+        predicted, sd, chance_ok = self.predictive(point)
+        expected_to_pass = predicted > 0 and chance_ok >= 0.8 and self.p_fail_of(point) < 0.3
+        surprise = expected_to_pass and measured is None and failure_class not in (None, "")
+        self.trust.add(Residual(launch=len(self.launches) + 1, point=point, predicted=predicted, sd=sd,
+                                measured=measured if measured and measured > 0 else None, surprise=surprise))
+
+    def predictive(self, point: int, draws: int = 16) -> tuple[float, float, float]:
+        """What the model states for ``point`` now: (predicted value, log-space sd, chance it runs within its SLOs).
+
+        The sd joins the corrected model's posterior draws, the residual GP's sd at the point and the
+        measurement noise the guide was told.
+        """
+        p = self.predictor
+        row = int(p.table.phys_of[point])
+        if row < 0:
+            return 0.0, 1.0, 0.0
+        correction = self.refit()
+        sub = p.table.physics.take(np.array([row]))
+        rng = np.random.default_rng((self.seed, len(self.launches), point))
+        values = []
+        for theta in correction.draws(rng, draws):
+            c_s = apply(p.base, p.factors, theta)
+            surf = evaluate(sub, coefficient_arrays(sub, c_s), p.objective)
+            ok = bool(p.usable(surf, c_s, sub)[0])
+            values.append(float(surf.value[0]) if ok else 0.0)
+        good = np.array([v for v in values if v > 0])
+        mean_r, sd_r = self._residual(np.array([point], dtype=np.int64))
+        if values[0] <= 0 or good.size == 0:
+            return 0.0, 1.0, float(good.size) / len(values)
+        spread = float(np.std(np.log(good))) if good.size > 1 else PRIOR_SD
+        sd = math.sqrt(spread ** 2 + float(sd_r[0]) ** 2 + self.noise_sd ** 2)
+        return values[0] * math.exp(float(mean_r[0])), sd, float(good.size) / len(values)
 
     @property
     def launched_points(self) -> set[int]:
@@ -400,7 +489,15 @@ class Guide:
 
     # -- decisions -------------------------------------------------------------------------------------------
     def next_point(self, exclude: Sequence[int] = ()) -> Choice | None:
-        """The untried point with the largest expected improvement (None: the pool is exhausted)."""
+        """The untried point with the largest expected improvement (None: the pool is exhausted).
+
+        While the model is trusted, under the corrected model; once :attr:`trust` distrusts it, under the
+        measurement-led GP (:func:`~tuner.predict.explore.explore`).
+        """
+        if self.learn and self.explore_when_distrusted and not self.trust.trusted:
+            led = self._by_measurements(exclude)
+            if led is not None:
+                return led
         st = self._evaluate()
         points, values, mean_r, sd_r, p_fail = st.points, st.values, st.mean_r, st.sd_r, st.p_fail
         if points.size == 0:
@@ -423,6 +520,25 @@ class Guide:
             return None
         return Choice(point=int(points[pick]), predicted=float(values[0, pick] * math.exp(mean_r[pick])),
                       expected_improvement=float(max(ei[pick], 0.0)), p_fail=float(p_fail[pick]))
+
+    def _by_measurements(self, exclude: Sequence[int]) -> Choice | None:
+        observed = [(launch.point, float(launch.value)) for launch in self.launches
+                    if launch.feasible and launch.value and launch.value > 0]
+        launched = self.launched_points
+        control_of = self.predictor.control_of
+
+        def cost(point: int) -> float:
+            return 2.0 if point in control_of and control_of[point] not in launched else 1.0
+
+        ran = {None, "", FailureClass.SLO_VIOLATED.value, FailureClass.INFEASIBLE.value,
+               FailureClass.INTERRUPTED.value}
+        outcomes = [(launch.point, launch.failure_class not in ran) for launch in self.launches]
+        found = explore(self.predictor, self.coefficients(), observed, launched, self._p_fail, cost, self._rng,
+                        noise_sd=self.noise_sd, exclude=exclude, outcomes=outcomes)
+        if found is None:
+            return None
+        return Choice(point=found.point, predicted=found.predicted, expected_improvement=found.expected_improvement,
+                      p_fail=found.p_fail, led_by="measurements")
 
     def p_fail_of(self, point: int) -> float:
         """The failure memory's chance that ``point`` fails as a launched neighbour did."""

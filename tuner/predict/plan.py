@@ -51,12 +51,17 @@ def prior_plan(profile: HardwareProfile, checkpoint: Checkpoint | None, objectiv
         return PriorPlan(False, str(exc))
     ranked = predictor.ranking(top=max(top, 50))
     by_point = {r.point: r for r in ranked}
-    found = [by_point[p] if p in by_point else _rank_one(predictor, p) for p in predictor.diverse_top(picks)]
-    chosen = tuple(r for r in found if r is not None)
     baselines: list[tuple[str, Ranked | None]] = []
+    base_points: list[int] = []
     for base in profile.baselines:
         point = predictor.table.index_of.get(build_config(profile, base.values).key())
         baselines.append((base.name, None if point is None else _rank_one(predictor, point)))
+        if point is not None:
+            base_points.append(int(point))
+    # the study's picks (tuner.study.guided): spread over topology × MoE kernel × batching, past the baselines
+    found = [by_point[p] if p in by_point else _rank_one(predictor, p)
+             for p in predictor.spread_top(picks, exclude=base_points)]
+    chosen = tuple(r for r in found if r is not None)
     return PriorPlan(True, objective=predictor.objective.describe(), feasible_share=predictor.feasible_share(),
                      top=tuple(ranked[:top]), picks=chosen, baselines=tuple(baselines))
 

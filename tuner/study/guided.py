@@ -8,7 +8,10 @@
   (largest expected improvement) is queued, so ``TrialStep.propose`` asks it like any other trial;
 - :meth:`~GuidedSearch.after_trial`: a finished trial's figures (or its failure class) refit the
   model's correction factors, and the stop estimate (the chance an untried configuration beats the
-  winner by more than the noise) is recorded, in ``prediction.json`` and on the trial.
+  winner by more than the noise) is recorded, in ``prediction.json`` and on the trial; so is the
+  launch's residual against the uncertainty the model stated for it, and whether the model is still
+  trusted (:mod:`tuner.predict.trust`). Once it is not, the guide's proposals are led by the
+  measurements (:mod:`tuner.predict.explore`) and the report says after which launch.
 
 Every driver can use it around its own trial step; the local loop does (:mod:`tuner.study.local`),
 and ``benchmarks/bench_search.py`` drives the same object with an in-memory study.
@@ -55,6 +58,9 @@ class GuidedSearch:
     """The study folder (``prediction.json`` goes there); None in a benchmark."""
     seen: set[int] = field(default_factory=set)
     history: list[dict[str, Any]] = field(default_factory=list)
+    spread: bool = True
+    """Prior picks spread over topology × MoE kernel × batching (False: one per topology, MoE kernel and
+    all2all class, as before issue 24; an ablation for the benchmark)."""
 
     @classmethod
     def build(cls, profile: HardwareProfile, checkpoint: Checkpoint | None, objective: Objective,
@@ -87,7 +93,10 @@ class GuidedSearch:
         if ostudy.user_attrs.get("prior_picks") is not None:
             return []
         baselines = [p for p in (self.point_of(b.values) for b in self.profile.baselines) if p is not None]
-        picks = [p for p in self.predictor.diverse_top(PRIOR_PICKS + len(baselines)) if p not in baselines]
+        if self.spread:
+            picks = self.predictor.spread_top(PRIOR_PICKS, exclude=baselines)
+        else:
+            picks = [p for p in self.predictor.diverse_top(PRIOR_PICKS + len(baselines)) if p not in baselines]
         picks = picks[:PRIOR_PICKS]
         ostudy.set_user_attr("prior_picks", [dict(self.predictor.table.params[p]) for p in picks])
         log.info("prior: %d configuration(s) predicted best, to follow the baselines", len(picks))
@@ -126,7 +135,7 @@ class GuidedSearch:
         ostudy.enqueue_trial(dict(self.predictor.table.params[choice.point]),
                              user_attrs={"guided": True, "predicted_value": round(choice.predicted, 3),
                                          "expected_improvement": round(choice.expected_improvement, 3),
-                                         "p_fail": round(choice.p_fail, 3)})
+                                         "p_fail": round(choice.p_fail, 3), "led_by": choice.led_by})
         return choice.point
 
     def catch_up(self, ostudy: optuna.Study) -> None:
@@ -160,11 +169,16 @@ class GuidedSearch:
         # What the model said before it saw this launch: the prior, and the prior as corrected so far.
         predicted = self.guide.predicted(point) if point is not None else None
         prior = self.predictor.prior_value(point) if point is not None else None
+        seen_residuals = len(self.guide.trust.residuals)
         self.catch_up(ostudy)
         correction = self.guide.refit()
-        chance = self.guide.chance_to_beat()
-        entry = {"trial": number, "chance_to_beat": round(chance, 4), "best_value": self.guide.best_value,
-                 "predicted_optimum": round(self.guide.predicted_optimum(), 2),
+        trust = self.guide.trust
+        # The stop estimate is the model's: once the model is distrusted it is neither used nor computed.
+        chance = self.guide.chance_to_beat() if trust.trusted else None
+        optimum = round(self.guide.predicted_optimum(), 2) if trust.trusted else None
+        mine = [r.to_json() for r in trust.residuals[seen_residuals:] if r.point == point]
+        entry = {"trial": number, "chance_to_beat": None if chance is None else round(chance, 4),
+                 "best_value": self.guide.best_value, "predicted_optimum": optimum,
                  "measured": trial.value if trial.user_attrs.get("feasible") else None,
                  "feasible": bool(trial.user_attrs.get("feasible")),
                  "measured_output_tok_s": _number(trial.user_attrs.get("output_throughput")),
@@ -173,18 +187,29 @@ class GuidedSearch:
                  "predicted_prior": round(prior, 2) if prior is not None else None,
                  "launches": len(self.guide.launches), "correction": correction.table(),
                  "rms_log_error_before": round(correction.rms_before, 4),
-                 "rms_log_error_after": round(correction.rms_after, 4)}
+                 "rms_log_error_after": round(correction.rms_after, 4),
+                 "residual": mine[-1] if mine else None, "trusted": trust.trusted,
+                 "distrust_at": trust.distrust_at, "distrust_why": trust.why or None,
+                 "led_by": trial.user_attrs.get("led_by")}
         self.history.append(entry)
         if self.path is not None:
             store.write_json(self.path / PREDICTION_FILE, {"history": self.history,
                                                            "objective": self.predictor.objective.describe()})
         return entry
 
+    def distrust_at(self) -> int | None:
+        """The launch (1-based, in the guide's order) after which the model was no longer trusted; None: it still is."""
+        return self.guide.trust.distrust_at
+
     def done(self) -> bool:
-        """The night is won: enough launches, and the chance to beat the winner below :data:`STOP_BELOW`."""
-        if len(self.guide.launches) < MIN_LAUNCHES_BEFORE_STOP or not self.history:
+        """The night is won: enough launches, and the chance to beat the winner below :data:`STOP_BELOW`.
+
+        Never while the model is distrusted: the stop estimate is the model's, and its errors are larger
+        than it says."""
+        if len(self.guide.launches) < MIN_LAUNCHES_BEFORE_STOP or not self.history or not self.guide.trust.trusted:
             return False
-        return float(self.history[-1]["chance_to_beat"]) < STOP_BELOW
+        chance = self.history[-1]["chance_to_beat"]
+        return chance is not None and float(chance) < STOP_BELOW
 
 
 def _number(value: Any) -> float | None:
@@ -202,6 +227,10 @@ def load_prediction(study_path: Path) -> dict[str, Any] | None:
         return None
     data = store.read_json(path)
     return data if isinstance(data, dict) else None
+
+
+def _percent(value: Any) -> str:
+    return "—" if value is None else f"{float(value):.0%}"
 
 
 def _fmt(value: Any, spec: str = ",.0f") -> str:
@@ -229,10 +258,27 @@ def prediction_section(study_path: Path, plot: Path | None = None) -> list[str]:
         predicted = h.get("predicted_corrected")
         ratio = (f"{float(measured) / float(predicted):.2f}" if measured and predicted else "—")
         what = "" if h.get("feasible") else (h.get("failure_class") or "infeasible")
+        res = h.get("residual") or {}
+        z = "—" if res.get("z") is None else f"{float(res['z']):+.1f}"
+        if res.get("surprise"):
+            z += " (expected to run)"
+        sd = "—" if res.get("stated_sd") is None else f"±{float(res['stated_sd']):.0%}"
+        trust = "model" if h.get("trusted", True) else "**measurements**"
         rows.append(f"| {h['trial']} | {_fmt(h.get('predicted_prior'))} | {_fmt(predicted)} | {_fmt(measured)} "
-                    f"{what} | {ratio} | {float(h['chance_to_beat']):.0%} |")
+                    f"{what} | {ratio} | {sd} | {z} | {trust} | {_percent(h.get('chance_to_beat'))} |")
     lines += ["| trial | predicted, prior | predicted, before launch | measured | measured / predicted | "
-              "chance to beat |", "|---|---|---|---|---|---|", *rows, ""]
+              "stated sd | residual / stated sd | next launch led by | chance to beat |",
+              "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    distrusted = next((h for h in history if h.get("distrust_at") is not None), None)
+    if distrusted is not None:
+        why = distrusted.get("distrust_why") or "its residuals exceeded its stated sd"
+        lines += [f"**The guide stopped trusting the model after launch {distrusted['distrust_at']}** (trial "
+                  f"{distrusted['trial']}): {why}. "
+                  "From then on the next launch was chosen by a GP on the measurements around the model "
+                  "(`tuner/predict/explore.py`), and `--stop-when-done` does not stop on the model's estimate.", ""]
+    else:
+        lines += ["The guide trusted the model throughout: its residuals stayed within about twice the uncertainty it "
+                  "stated.", ""]
     last = history[-1]
     lines += [f"Correction factors after {last['launches']} launch(es) (measured / model speed of each part; "
               f"68 % interval). Throughput log error of the launches: RMS {last['rms_log_error_before']:.3f} "

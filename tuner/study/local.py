@@ -137,8 +137,11 @@ class LocalLoop:
         launched[proposal.key] = proposal.number
         if self.guided is not None:
             seen = self.guided.after_trial(step.ostudy, proposal.number)
+            estimate = (f"chance an untried configuration wins: {seen['chance_to_beat']:.0%}"
+                        if seen["chance_to_beat"] is not None
+                        else f"model distrusted since launch {seen['distrust_at']}: the measurements lead")
             progress.events.append(f"model: predicted {seen['predicted_corrected']}, measured {seen['measured']}; "
-                                   f"chance an untried configuration wins: {seen['chance_to_beat']:.0%}")
+                                   + estimate)
         self._update_best(progress)
         progress.launched_one(proposal.number, outcome, step.objective.metric, control=control)
         on_progress(progress)

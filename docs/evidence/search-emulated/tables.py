@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ORDER = ("model", "model-prior", "default", "tpe", "gp", "random", "grid")
-LABEL = {"model": "**`--prior model`**", "model-prior": "`--prior model`, never corrected (ablation)",
+ORDER = ("model", "model-trusting", "model-prior", "default", "tpe", "gp", "random", "grid")
+LABEL = {"model": "**`--prior model`**", "model-trusting": "`--prior model` before issue 24",
+         "model-prior": "`--prior model` before issue 24, never corrected (ablation)",
          "default": "TPE multivariate + group (`--prior none` before this change)",
          "tpe": "TPE multivariate, no group (`--prior none` now)",
          "gp": "GPSampler", "random": "random search", "grid": "`vllm bench sweep serve` grid"}
@@ -62,10 +63,14 @@ def _launches(data: dict[str, Any]) -> str:
             if e is None:
                 continue
             cap = e["cap"]
-            lines.append(f"| {LABEL[name]} | {_q(e['to_90'], cap)} | {_q(e['to_95'], cap)} | {_q(e['to_98'], cap)} | "
+            label = LABEL[name] + (" ¹" if e.get("from_earlier_run") else "")
+            lines.append(f"| {label} | {_q(e['to_90'], cap)} | {_q(e['to_95'], cap)} | {_q(e['to_98'], cap)} | "
                          f"{e['to_98']['reached']}/{e['seeds']} | {e['best_after_12']:.3f} | "
                          f"{e['failed_in_first_12']:.1f} | {cap} |")
         lines.append("")
+    if any(e.get("from_earlier_run") for per in data["nodes"].values() for e in per.values() if isinstance(e, dict)):
+        lines.append("¹ From the earlier run of this table (issue 18), with the code of that time: the guide before "
+                     "issue 24, and searches whose code has not changed since.")
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -118,7 +123,7 @@ def chance(folder: Path) -> str:
     lines = ["| node | " + " | ".join(f"after {i}" for i in range(1, 11)) + " |", "|---|" + "---|" * 10]
     for node, per in data["nodes"].items():
         c = per["model"].get("chance_median_by_launch") or []
-        cells = [f"{c[i]:.0%}" if i < len(c) else "" for i in range(10)]
+        cells = [f"{c[i]:.0%}" if i < len(c) and c[i] is not None else "" for i in range(10)]
         lines.append(f"| {node} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -157,7 +162,12 @@ def wall(folder: Path) -> str:
 
 def total(folder: Path) -> str:
     data = _summary(folder)
-    return f"{data['runs']} runs in {data['runs_wall_s'] / 60:.0f} minutes"
+    out = f"{data['runs']} runs in {data['runs_wall_s'] / 60:.0f} minutes"
+    earlier = data.get("earlier_run")
+    if earlier:
+        out += (f" (the re-run of `--prior model` after issue 24; the rows kept from the earlier run took "
+                f"{earlier['runs']} runs in {earlier['runs_wall_s'] / 60:.0f} minutes)")
+    return out
 
 
 def _per_seed(folder: Path, node: str, search: str, target: str) -> list[int | None]:

@@ -1,0 +1,94 @@
+"""The search benchmark on a node the model did not write (issue 24), CI-sized.
+
+The node is the independent model (``tuner/engines/emulated/independent``: no code or constant of the prior),
+as ``benchmarks/bench_search.py --truth independent`` runs it, on gh200x4, seeds 0-7 of the table, 12 launches
+each. ``--prior model`` as it ships must stay above the bars below. They are regression bars, set from what
+it measured there with some room (the issue's goal is judged on the full table: 30 seeds, both nodes, every
+search, in docs/evidence/search-independent/ and docs/search.md, section 2b); the median launches to 95 %
+is the goal's own bar.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+SEEDS = range(8)
+CAP = 12
+MEDIAN_TO_95 = 8
+"""The issue's goal: 95 % of the optimum within 8 launches in the median (measured: 6 on these seeds)."""
+EXPORTED_FLOOR = 0.88
+"""Every seed's winner exported after 12 launches is at least this share of the optimum (measured: 0.90 at worst)."""
+BASELINE_SLACK = 0.06
+"""No seed's exported winner falls below the best seeded baseline by more than this share (measured: 0.05 at
+worst, seed 0: the node's noise put a lesser configuration's screening value above the baseline's)."""
+DISTRUSTED = 5
+"""Seeds on which the guide stops trusting the model within 12 launches (measured: 6 of 8)."""
+
+
+def _load(name: str) -> ModuleType:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return _load("bench_search")
+
+
+@pytest.fixture(scope="module")
+def node(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> object:
+    return bench.load_node("gh200x4", cache=tmp_path_factory.mktemp("bench-search"))
+
+
+@pytest.fixture(scope="module")
+def runs(bench: ModuleType, node: object) -> list[object]:
+    out = []
+    for seed in SEEDS:
+        truth = bench.make_truth(node, seed, 0.2, "independent")
+        out.append(bench.run_study(node, truth, bench.METHODS["model"], seed, CAP))
+    return out
+
+
+def _to(run: object, fraction: float) -> float:
+    values, optimum = run.values, run.optimum  # type: ignore[attr-defined]
+    hit = next((i for i, v in enumerate(values, start=1) if v >= fraction * optimum), None)
+    return float(hit) if hit is not None else float("inf")
+
+
+def test_the_node_is_not_the_model(bench: ModuleType, node: object) -> None:
+    """The prior's favourite is not the node's best, and the model is wrong about what fits."""
+    truth = bench.make_truth(node, 0, 0.2, "independent")
+    favourite = node.predictor.ranking(top=1)[0]  # type: ignore[attr-defined]
+    assert truth.value[favourite.point] < 0.95 * truth.optimum
+    launchable = ~node.table.prunable  # type: ignore[attr-defined]
+    assert (launchable & ~(truth.starts & truth.survives)).any()  # the memory model says fit, the node fails
+
+
+def test_the_guided_search_reaches_95_percent_within_8_launches(runs: list[object]) -> None:
+    assert statistics.median(_to(r, 0.95) for r in runs) <= MEDIAN_TO_95
+
+
+def test_the_exported_winner_is_good_and_never_below_the_best_baseline(runs: list[object]) -> None:
+    for run in runs:
+        exported = run.exported_12  # type: ignore[attr-defined]
+        assert exported is not None
+        assert exported >= EXPORTED_FLOOR * run.optimum  # type: ignore[attr-defined]
+        assert exported >= (1.0 - BASELINE_SLACK) * run.baseline_best  # type: ignore[attr-defined]
+
+
+def test_the_guide_noticed_the_model_was_wrong(runs: list[object]) -> None:
+    at = [r.distrust_at for r in runs]  # type: ignore[attr-defined]
+    assert sum(a is not None for a in at) >= DISTRUSTED, at
