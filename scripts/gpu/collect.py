@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Turn what comes back from the H200 device calls into ``docs/evidence/h200x1/``.
+"""Turn what comes back from the one-GPU device calls into ``docs/evidence/<run>/``.
 
-    python scripts/gpu/collect.py --prepare OUT2 --start OUT3 --finish OUT4 [--calls calls.json] \\
-        --out docs/evidence/h200x1
+    python scripts/gpu/collect.py --prepare OUT2 --start OUT3 --finish OUT4 [--capacity OUT5] \\
+        [--calls calls.json] --out docs/evidence/h200x1     # or docs/evidence/h100x1 (an H100 was lent)
 
 OUT2..OUT4 are the folders the device tool put each call's ``$OUT`` files in (prepare.sh, then
 run_study.sh start and finish). ``calls.json`` is what the lead copies from the tool's replies, one
@@ -14,13 +14,17 @@ Written (small files only; machine paths shortened):
   identity, ``verify.json``, the winner's evidence without per-request records);
 - ``launches.csv``: one row per launch (screening, confirmation, re-serve): flags, outcome, ready time
   and the start-up phases read off its server log (:func:`tuner.engines.vllm.startup.startup_phases`);
+  ``ready_in_log`` says whether the server logged its start-up complete (a launch cut by its call's time
+  box after that has a log but no ``ready_s``);
 - ``ladder.csv``: one row per measured window (launch × repeat × ladder step): throughput, latency,
   the server's peak ``vllm:kv_cache_usage_perc``, waiting requests, preemptions, the client's CPU and
   saturation, and GPU power, energy, tokens per joule and $ per million tokens;
+- ``reference_completions.json``: the equivalence gate's greedy reference answers (token ids per probe);
 - ``verify.json``, ``capacity.json``, ``machine.txt``, ``model.json``, ``prevalidate.txt``, ``dmon.txt``;
 - ``gpu_time.json``: the calls (``calls.json``) and the phases each script marked (``timeline.txt``).
 
-``docs/evidence/h200x1/tables.py`` builds the write-up's tables from these.
+``docs/evidence/h200x1/tables.py`` builds the write-up's tables from these, for any such folder
+(``docs/evidence/h100x1/tables.py`` loads it); ``--out`` keeps a ``tables.py`` already there.
 """
 
 from __future__ import annotations
@@ -115,6 +119,8 @@ def _windows(kind: str, name: str, folder: Path) -> list[dict[str, Any]]:
                 "client_processes": client.get("client_processes"), "client_cpu_share": client.get("client_cpu_share"),
                 "client_events_per_s": client.get("client_events_per_s"),
                 "client_saturated": client.get("client_saturated"),
+                "client_starved": client.get("client_starved"),
+                "client_loop_lag_p99_ms": client.get("client_loop_lag_p99_ms"),
                 "gpu_power_mean_w": s.get("gpu_power_mean_w", power.get("mean_w")),
                 "gpu_power_max_w": s.get("gpu_power_max_w", power.get("max_w")),
                 "gpu_energy_j": s.get("gpu_energy_j", power.get("energy_j")),
@@ -128,7 +134,8 @@ def _launch_row(kind: str, name: str, folder: Path, trials: dict[str, dict[str, 
     outcome = _json(folder / "outcome.json") or {}
     config = _json(folder / "config.json") or {}
     log = folder / "server.log"
-    phases = startup_phases(log.read_text(errors="replace")) if log.is_file() else {}
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    phases = startup_phases(text) if text else {}
     row: dict[str, Any] = {"kind": kind, "launch": name}
     if kind == "reserve":
         record = _json(folder / "verify.json") or {}
@@ -142,6 +149,8 @@ def _launch_row(kind: str, name: str, folder: Path, trials: dict[str, dict[str, 
         row["baseline"] = trials.get(number, {}).get("baseline", "")
         row.update(_flags(config.get("args", {})))
     row.update(phases)
+    if text:
+        row["ready_in_log"] = "Application startup complete" in text
     return row
 
 
@@ -175,7 +184,7 @@ def _timeline(folders: list[Path]) -> list[dict[str, Any]]:
                     stamp, _, what = line.partition(" ")
                     if stamp.isdigit():
                         seen[(int(stamp), what)] = None
-    ordered = sorted(seen)
+    ordered = sorted(seen, key=lambda mark: mark[0])  # by second; marks of the same second keep their order
     t0 = ordered[0][0] if ordered else 0
     return [{"t_s": t - t0, "what": scrub(what)} for t, what in ordered]
 
@@ -223,6 +232,12 @@ def main() -> int:
         launches = _launch_dirs(study)
         _write_csv(out / "launches.csv", [_launch_row(k, n, f, trials) for k, n, f in launches])
         _write_csv(out / "ladder.csv", [w for k, n, f in launches for w in _windows(k, n, f)])
+        probes = {}
+        for ref in sorted((study / "reference").glob("equivalence-*.json")):
+            for probe in (_json(ref) or {}).get("probes", []):
+                probes[probe.get("name", "")] = probe.get("completion_ids", [])
+        if probes:  # the gate's reference: what the model answers greedily (token ids), not its logprobs
+            (out / "reference_completions.json").write_text(json.dumps(probes))
         verify = _json(study / "verify" / "verify.json")
         if verify is not None:
             verify.pop("steps", None)
