@@ -192,6 +192,8 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfi
         identity["confirmation"] = winner.confirmation.to_json() if winner.confirmation else None
         identity["rejected_confirmations"] = [c.to_json() for c in winner.rejected]
         identity["accepted_unconfirmed"] = not winner.confirmed and not winner.confirmation_off
+        if winner.control_status is not None:
+            identity["control_confirmation_status"] = winner.control_status
         store.write_json(best_dir / "identity.json", identity)
         evidence = best_dir / "evidence"
         evidence.mkdir(exist_ok=True)

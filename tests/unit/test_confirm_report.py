@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from tuner.load.generator import LoadResult, RequestRecord
 from tuner.load.goodput import request_goodput
 from tuner.report import markdown_to_html, pareto_front
-from tuner.study.confirm import ConfirmSpec, judge, mad, pick_winner, robust_score
+from tuner.study.confirm import ConfirmSpec, Winner, judge, mad, pick_winner, robust_score
 
 
 def test_mad_and_robust_score() -> None:
@@ -45,6 +46,25 @@ def test_winner_is_best_robust_not_best_median() -> None:
     winner = pick_winner([steady, lucky], maximize=True)
     assert winner is not None and winner.trial == 1
     assert pick_winner([], maximize=True) is None
+
+
+def test_a_speculative_winner_says_when_its_controls_confirmation_did_not_run() -> None:
+    # the one-H100 study: the winner (ngram, 3 drafts) was confirmed, its control's launch was cut
+    spec = ConfirmSpec(max_spread=0.25, mad_k=1.0)
+    won = judge(2, "spec", [11662.7, 11451.2], all_feasible=True, spec=spec, maximize=True, trial_dir="t",
+                speculative=True)
+    cut = Winner(trial=2, trial_dir=Path("t"), value=won.median, confirmed=True, confirmation=won,
+                 all_confirmations=(won,))
+    assert cut.control_status == "not run" and "control's confirmation did not run" in cut.describe("tok/s")
+    control = judge(2, "plain", [9700.0, 9600.0], all_feasible=True, spec=spec, maximize=True, trial_dir="c",
+                    speculative=False, control_of=2)
+    both = Winner(trial=2, trial_dir=Path("t"), value=won.median, confirmed=True, confirmation=won,
+                  all_confirmations=(won, control))
+    assert both.control_status == "confirmed" and "control" not in both.describe("tok/s")
+    plain = judge(0, "plain", [9700.0, 9600.0], all_feasible=True, spec=spec, maximize=True, trial_dir="c",
+                  speculative=False)
+    assert Winner(trial=0, trial_dir=Path("c"), value=plain.median, confirmed=True, confirmation=plain,
+                  all_confirmations=(plain,)).control_status is None
 
 
 def _rec(ttft_s: float, e2e_s: float, tokens: int, ok: bool = True) -> RequestRecord:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tuner.engines.emulated.scheduler import Group, Node
-from tuner.engines.group import connector_problem, router_argv, router_problem
+from tuner.engines.group import connector_problem, find_router, router_argv, router_problem
 from tuner.errors import CatalogError
 from tuner.load.buckets import context_edges, ttft_by_context
 from tuner.load.generator import RequestRecord
@@ -343,3 +343,20 @@ def test_doctor_names_a_missing_router_and_connector_before_the_night(tmp_path: 
                                           port=None, probe=ready)}
     assert "router" not in checks and "connector" not in checks
 
+
+
+def test_the_router_is_found_beside_this_python_when_the_venv_is_not_activated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CI nights' h200x8 layout failed on a host that ran the venv's python without activating it
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    router = venv_bin / "vllm-router"
+    router.write_text("#!/bin/sh\nexit 0\n")
+    router.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert find_router("vllm-router") == str(router)
+    assert router_problem("vllm-router") is None
+    assert router_problem("no-such-router") is not None
+    router.chmod(0o644)
+    assert find_router("vllm-router") is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import time
+import types
 import zlib
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,53 @@ def test_resume_can_turn_confirmation_on_after_screening(tmp_path: Path, monkeyp
     assert seen[0].confirm == ConfirmSpec(top_k=1, repeats=2, workload_scale=1.5)
     assert cli.main(["resume", record.name, "--runs-dir", str(tmp_path)]) == 0
     assert seen[1].confirm == record.confirm  # nothing asked: the record's own settings
+
+
+def test_a_speculative_trial_with_a_new_control_needs_time_for_two_launches() -> None:
+    # the one-H100 study (docs/evidence/h100.md): about 80 s a warm launch, 100 s left before the reserve
+    study = _study_with_durations([100.0, 80.0, 78.0])
+    deadline = time.time() + 100.0
+    assert time_for_another(study, deadline, first_estimate_s=75.0)
+    assert not time_for_another(study, deadline, first_estimate_s=75.0, launches=2)
+    assert time_for_another(study, time.time() + 170.0, first_estimate_s=75.0, launches=2)
+
+
+class _SpeculativeStep:
+    """Stands in for TrialStep in the loop's budget decision: every proposal speculates, no control yet."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.ostudy = study
+        self.launches: list[int] = []
+        self.interrupted_numbers: list[int] = []
+
+    def propose(self) -> Any:
+        return types.SimpleNamespace(trial=self.ostudy.ask(), number=len(self.ostudy.trials) - 1)
+
+    def needs_control(self, proposal: Any, launched: Any, running: Any = None) -> bool:
+        return True
+
+    def interrupted(self, proposal: Any) -> None:
+        self.interrupted_numbers.append(proposal.number)
+        proposal.trial.set_user_attr("interrupted", True)
+        self.ostudy.tell(proposal.trial, state=optuna.trial.TrialState.FAIL)
+
+    def control_for(self, proposal: Any, launched: Any) -> None:
+        self.launches.append(proposal.number)  # the pair would start here
+        return None
+
+
+def test_the_local_loop_puts_back_a_speculative_trial_whose_pair_does_not_fit() -> None:
+    from tuner.study.local import LocalLoop
+
+    study = _study_with_durations([100.0, 80.0, 78.0])
+    step = _SpeculativeStep(study)
+    loop = LocalLoop(step, record=None, confirmation=None, first_trial_estimate_s=75.0)  # type: ignore[arg-type]
+    loop._attempt = lambda *args, **kwargs: "launched"  # type: ignore[method-assign]
+    progress = types.SimpleNamespace()
+    fits = loop._round({}, progress, lambda p: None, lambda: False,  # type: ignore[arg-type]
+                       deadline=time.time() + 100.0, reserve_s=0.0)
+    assert fits is False and step.launches == [] and step.interrupted_numbers == [3]
+    assert study.trials[3].state == optuna.trial.TrialState.FAIL and study.trials[3].user_attrs["interrupted"]
+    assert loop._round({}, progress, lambda p: None, lambda: False,  # type: ignore[arg-type]
+                       deadline=time.time() + 200.0, reserve_s=0.0) is True
+    assert step.launches == [4]

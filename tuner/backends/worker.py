@@ -213,7 +213,11 @@ class Worker:
                 trial = ostudy.ask()
                 try:
                     with heartbeat(trial, self.options.heartbeat_interval_s):
-                        self._round(step, trial, progress, on_progress)
+                        fits = self._round(step, trial, progress, on_progress, deadline)
+                    if not fits:
+                        progress.last = ("budget left is shorter than a speculative trial with its control (two "
+                                         "launches); stopping, the trial goes back to the queue")
+                        break
                 except SearchStalledError as exc:  # the step's stop rule, as in the local loop
                     stalled = exc
                     progress.last = str(exc)
@@ -228,17 +232,26 @@ class Worker:
         return ostudy
 
     def _round(self, step: TrialStep, trial: optuna.Trial, progress: Progress,
-               on_progress: Callable[[Progress], None]) -> None:
-        """One asked trial: screened (duplicate, or running elsewhere), its control first, then launched."""
+               on_progress: Callable[[Progress], None], deadline: float | None = None) -> bool:
+        """One asked trial: screened (duplicate, or running elsewhere), its control first, then launched.
+
+        False, with nothing launched and the trial back in the queue, when it needs a control here and the
+        budget holds one launch but not two (as the local loop)."""
         self._stamp(trial)
         proposal = step.propose(trial)
         launched = launched_keys(step.ostudy)
         running = running_keys(step.ostudy, exclude_number=trial.number)
         if step.screen(proposal, launched, running) is not None:
-            return
+            return True
+        if (deadline is not None and step.needs_control(proposal, launched, running)
+                and not time_for_another(step.ostudy, deadline, step.profile.server.expected_launch_s, launches=2)):
+            step.interrupted(proposal)
+            step.ostudy.enqueue_trial(dict(proposal.trial.params), user_attrs={"retry_of": proposal.number})
+            return False
         step.learn_kv()  # the other workers' launches too
         self._control_first(step, proposal, launched, running, progress, on_progress)
         self._launch(step, proposal, progress, on_progress)
+        return True
 
     def _stamp(self, trial: optuna.Trial) -> None:
         identity = self.identity()

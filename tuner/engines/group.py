@@ -27,6 +27,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -94,10 +95,22 @@ def connector_problem(connector: str, command: Sequence[str], *, env: Mapping[st
     return None if done.returncode == 0 else connector_missing(connector, python)
 
 
+def find_router(program: str) -> str | None:
+    """The router program's path: on PATH, a file named as such, or beside this Python (the venv the
+    ``pd`` extra installed it into, not activated: as ``vllm`` itself is found)."""
+    found = shutil.which(program)
+    if found is not None:
+        return found
+    if Path(program).is_file():
+        return program
+    beside = Path(sys.executable).parent / program
+    return str(beside) if "/" not in program and beside.is_file() and os.access(beside, os.X_OK) else None
+
+
 def router_problem(router: str) -> str | None:
     """Why the router program cannot start (not found), or None."""
     parts = shlex.split(router)
-    if parts and (shutil.which(parts[0]) is not None or Path(parts[0]).is_file()):
+    if parts and find_router(parts[0]) is not None:
         return None
     return router_missing(router)
 
@@ -106,7 +119,7 @@ def router_argv(router: str, launch: Disaggregated, urls: Mapping[str, str], *, 
                 metrics_port: int, startup_timeout_s: float = 600.0) -> list[str]:
     """``vllm-router``'s P/D mode in front of the members (``urls``: member name → its base URL)."""
     parts = shlex.split(router)
-    found = shutil.which(parts[0]) if parts else None
+    found = find_router(parts[0]) if parts else None
     argv = [found or parts[0], *parts[1:], "--host", host, "--port", str(port), "--vllm-pd-disaggregation"]
     for member in launch.pool("prefill"):
         argv += ["--prefill", urls[member.name]]

@@ -130,8 +130,17 @@ class HostProbe:
     free_disk_gb: Callable[[Path], float] = field(
         default=lambda path: shutil.disk_usage(_existing(path)).free / 1e9)
     port_free: Callable[[int], bool] = _port_free
-    which: Callable[[str], str | None] = shutil.which
+    which: Callable[[str], str | None] = field(default=lambda program: _which(program))
     module_found: Callable[[str], bool] = field(default=lambda name: importlib.util.find_spec(name) is not None)
+
+
+def _which(program: str) -> str | None:
+    """On PATH, or beside this Python (a venv's console scripts, the venv not activated)."""
+    found = shutil.which(program)
+    if found is not None or "/" in program:
+        return found
+    beside = Path(sys.executable).parent / program
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
 
 
 ACTIVE_PROBE: HostProbe | None = None

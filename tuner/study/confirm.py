@@ -153,6 +153,18 @@ class Winner:
         return "rejected" if self.confirmation is not None else "unconfirmed"
 
     @property
+    def control_status(self) -> str | None:
+        """A speculative winner's no-speculation control in confirmation: ``confirmed``, ``rejected`` or
+        ``not run`` (cut by its time box, or out of time); None when the winner was not confirmed as a
+        speculative configuration. The speculative gain the export claims is confirmed only when both were."""
+        if self.confirmation is None or not self.confirmation.speculative:
+            return None
+        control = next((c for c in self.all_confirmations if c.control_of == self.trial), None)
+        if control is None:
+            return "not run"
+        return "confirmed" if control.accepted else "rejected"
+
+    @property
     def rejected(self) -> tuple[Confirmation, ...]:
         """Every rejected confirmation of the study (each with its repeats)."""
         return tuple(c for c in self.all_confirmations if not c.accepted)
@@ -167,8 +179,12 @@ class Winner:
         if self.confirmed and self.confirmation is not None:
             c = self.confirmation
             at = f" at concurrency {c.concurrency}" if c.concurrency else ""
+            control = {"not run": "; its no-speculation control's confirmation did not run, so the speculative "
+                                  "gain rests on screening",
+                       "rejected": "; its no-speculation control's confirmation was rejected, so the speculative "
+                                   "gain rests on screening"}.get(self.control_status or "", "")
             return (f"confirmed: median of {len(c.values)} repeats ({_repeats(c)} {metric}){at}, "
-                    f"robust score {c.robust:.2f}")
+                    f"robust score {c.robust:.2f}{control}")
         if self.confirmation is not None:
             c = self.confirmation
             return (f"REJECTED in confirmation: repeats {_repeats(c)} {metric} ({c.reason}); "

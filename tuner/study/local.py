@@ -11,6 +11,7 @@ raises that error, so the command fails with its reason after the morning's file
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import optuna
@@ -32,6 +33,8 @@ from tuner.study.record import StudyRecord
 from tuner.study.step import Proposal, TrialStep
 
 __all__ = ["LocalLoop"]
+
+log = logging.getLogger(__name__)
 
 
 class LocalLoop:
@@ -81,7 +84,11 @@ class LocalLoop:
             if self.guided is not None:
                 self.guided.before_ask(ostudy)
             try:
-                self._round(launched, progress, on_progress, should_stop)
+                if not self._round(launched, progress, on_progress, should_stop, deadline, reserve_s):
+                    progress.last = ("budget left is shorter than a speculative trial with its control (two "
+                                     "launches); stopping, the trial goes back to the queue")
+                    progress.events.append(progress.last)
+                    break
             except SearchStalledError as exc:
                 stalled = exc
                 progress.last = str(exc)
@@ -100,10 +107,21 @@ class LocalLoop:
         return ostudy
 
     def _round(self, launched: dict[str, int], progress: Progress, on_progress: Callable[[Progress], None],
-               should_stop: Callable[[], bool]) -> None:
-        """One proposal: its control first when it speculates, then the proposal itself."""
+               should_stop: Callable[[], bool], deadline: float | None = None, reserve_s: float = 0.0) -> bool:
+        """One proposal: its control first when it speculates, then the proposal itself.
+
+        False, with nothing launched and the proposal back in the queue (FAIL, interrupted: re-queued on
+        resume), when it needs a control and the budget holds one launch but not two.
+        """
         step = self.step
         proposal = step.propose()
+        if (deadline is not None and step.needs_control(proposal, launched)
+                and not time_for_another(step.ostudy, deadline, self.first_trial_estimate_s, reserve_s,
+                                         now=self.clock.now(), launches=2)):
+            log.info("trial %d speculates and its control is not launched yet: the pair does not fit the budget "
+                     "left", proposal.number)
+            step.interrupted(proposal)
+            return False
         control = step.control_for(proposal, launched)
         if control is not None:
             # The control launches first, beside its speculative twin, so that the twin's gates can
@@ -117,6 +135,7 @@ class LocalLoop:
                 step.interrupted(proposal)
                 raise
         self._attempt(proposal, launched, progress, on_progress, should_stop)
+        return True
 
     def _attempt(self, proposal: Proposal, launched: dict[str, int], progress: Progress,
                  on_progress: Callable[[Progress], None], should_stop: Callable[[], bool]) -> str:

@@ -68,8 +68,12 @@ def running_keys(study: optuna.Study, exclude_number: int | None = None) -> dict
 
 
 def time_for_another(study: optuna.Study, deadline: float, first_estimate_s: float, reserve_s: float = 0.0,
-                     now: float | None = None) -> bool:
+                     now: float | None = None, launches: int = 1) -> bool:
     """Start another trial only if it can finish (longest duration so far) before the deadline.
+
+    ``launches`` is 2 for a speculative proposal whose control launches first: the pair, not one of them,
+    must fit (the one-H100 study's screening overran its budget by starting a control and its twin with
+    one trial's time left: docs/evidence/h100.md).
 
     ``first_estimate_s`` stands in before any trial finished (the hardware profile's ``expected_launch_s``).
     ``now``, ``deadline`` and the durations are the study clock's node seconds (:mod:`tuner.study.clock`);
@@ -83,7 +87,7 @@ def time_for_another(study: optuna.Study, deadline: float, first_estimate_s: flo
     # it would hold a cold start's margin before every later trial (docs/evidence/h200.md).
     warm = durations[1:] if len(durations) > 1 else durations
     estimate = max(warm) if warm else first_estimate_s
-    return (time.time() if now is None else now) + estimate + reserve_s <= deadline
+    return (time.time() if now is None else now) + launches * estimate + reserve_s <= deadline
 
 
 def trials_frame(study: optuna.Study) -> Any:

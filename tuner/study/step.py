@@ -284,6 +284,14 @@ class TrialStep:
                 keys.add(build_config(self.profile, {**config.params, DRAFT_TOKENS_PARAM: 0}).key())
         return keys
 
+    def needs_control(self, proposal: Proposal, launched: Mapping[str, int],
+                      running: Mapping[str, int] | None = None) -> bool:
+        """Whether :meth:`control_for` would launch a control before ``proposal`` (asks nothing of the study)."""
+        if not proposal.config.is_speculative:
+            return False
+        key = proposal.config.control().key()
+        return key not in launched and not (running and key in running)
+
     def control_for(self, proposal: Proposal, launched: Mapping[str, int],
                     running: Mapping[str, int] | None = None) -> Proposal | None:
         """A speculative proposal's no-speculation control, to launch before it; None when not needed.
@@ -294,15 +302,13 @@ class TrialStep:
         not queued and asked: in a shared study another worker could take a queued control, and the
         pair would land on two nodes.
         """
-        if not proposal.config.is_speculative:
+        if not self.needs_control(proposal, launched, running):
+            control_key = proposal.config.control().key() if proposal.config.is_speculative else ""
+            if running and control_key in running:
+                log.info("trial %d: its control runs on another worker as trial %d", proposal.number,
+                         running[control_key])
             return None
         control = proposal.config.control()
-        if control.key() in launched:
-            return None
-        if running and control.key() in running:
-            log.info("trial %d: its control runs on another worker as trial %d", proposal.number,
-                     running[control.key()])
-            return None
         trial = ask_fixed(self.ostudy, control.params, {"control_for": proposal.key})
         return Proposal(trial, suggest(self.profile, trial))
 
