@@ -145,6 +145,32 @@ def test_distinct_prompts_never_hit_and_caching_off_never_hits() -> None:
         assert counts.counters["vllm:prefix_cache_hits"] == 0
 
 
+def test_copies_admitted_apart_never_hit_each_others_blocks() -> None:
+    # One seat: a stream of three copies is admitted a copy at a time, so the first copy keeps the
+    # stream's token ids and the other two leave as split-off groups (uids -1, then -2) with content
+    # of their own. They stand for distinct requests: none may hit another's blocks. CPython hashes
+    # -1 and -2 alike (-1 is its error value), so keying that content by the bare uid gave both the
+    # same chain and the third copy read the second's blocks (issue 27: refused random windows).
+    node, counts = make_node({"data-parallel-size": 1, "tensor-parallel-size": 1, "max-num-seqs": 1})
+    ids = list(range(3000, 3000 + 400))
+    sink = Sink()
+    node.submit(Group(1, 3, len(ids), 5, 0.0, token_ids=ids, sink=sink))
+    run(node)
+    assert counts.counters["vllm:num_preemptions"] == 0
+    assert counts.counters["vllm:prefix_cache_queries"] == 3 * len(ids)
+    assert counts.counters["vllm:prefix_cache_hits"] == 0
+    assert sink.tokens == 5 and not node.busy
+
+
+def test_content_of_its_own_never_shares_a_block_across_uids() -> None:
+    # The blocks a request computes beyond its token ids (or a split-off group's, which has none)
+    # are its own: for any two uids, clients' (from 0 up) and split-off groups' (from -1 down).
+    uids = range(-64, 64)
+    firsts = {Group(uid, 1, 64, 1, 0.0).hash_at(0, 16) for uid in uids}
+    lasts = {Group(uid, 1, 64, 1, 0.0).hash_at(3, 16) for uid in uids}
+    assert len(firsts) == len(lasts) == len(uids)
+
+
 def test_chunked_prefill_keeps_every_step_within_the_token_budget() -> None:
     node, _ = make_node({"data-parallel-size": 1, "tensor-parallel-size": 1, "max-num-batched-tokens": 512,
                          "max-num-seqs": 16})

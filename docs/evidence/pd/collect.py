@@ -3,8 +3,10 @@
     python docs/evidence/pd/collect.py RUNS/STUDY NAME
 
 Reads the study's ``night.json`` and, per launched trial, its ``config.json`` (the layout), ``outcome.json``
-(the chosen step's figures, TTFT per context bucket) and ``server_metrics.json`` (each pool's figures, the KV
-transfer); writes ``<NAME>.json`` beside this file. ``tables.py`` renders it.
+(the chosen step's figures, TTFT per context bucket), ``server_metrics.json`` (each pool's figures, the KV
+transfer) and ``load.json`` (every measured window's prefix-cache counters, preemptions and whether the window
+check refused it; confirmation launches' windows too); writes ``<NAME>.json`` beside this file. ``tables.py``
+renders it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ def _round(value: Any, digits: int = 3) -> Any:
     return round(value, digits) if isinstance(value, float) else value
 
 
+def _windows(folder: Path) -> list[dict[str, Any]]:
+    """Every measured window of a launch: its server's prefix-cache counters and the window check's verdict."""
+    out = []
+    for repeat in _read(folder / "load.json").get("repeats") or []:
+        for step in repeat.get("steps") or []:
+            facts = (step.get("server") or {}).get("facts") or {}
+            out.append({"concurrency": step.get("concurrency"),
+                        **{k: facts.get(k) for k in ("prefix_cache_hits", "prefix_cache_queries", "preemptions")},
+                        "refused": list((step.get("window_check") or {}).get("refused") or [])})
+    return out
+
+
 def _trial(study: Path, t: dict[str, Any]) -> dict[str, Any]:
     folder = study / "trials" / f"{t['trial']:04d}"
     config, outcome, metrics = (_read(folder / n) for n in ("config.json", "outcome.json", "server_metrics.json"))
@@ -48,6 +62,7 @@ def _trial(study: Path, t: dict[str, Any]) -> dict[str, Any]:
         "pool_facts": {pool: {k: _round(((pools.get(pool) or {}).get("facts") or {}).get(k))
                               for k in POOL_FACTS} for pool in ("prefill", "decode")} if layout else None,
         "transfer": {k: _round((metrics.get("transfer") or {}).get(k), 2) for k in TRANSFER} if layout else None,
+        "windows": _windows(folder),
     }
 
 
@@ -57,6 +72,9 @@ def main(study: Path, name: str) -> None:
                                  "rehearsal", "wall_s", "node_s", "guards", "launched", "refused_before_launch")}
     out["workload"] = {k: d["workload"].get(k) for k in ("kind", "input_len", "output_len", "range_ratio")}
     out["trials"] = [_trial(study, t) for t in d["trials"] if t["launched"] and t.get("duplicate_of") is None]
+    confirm = study / "confirm"
+    out["confirm_windows"] = {c.name: _windows(c) for c in sorted(confirm.iterdir()) if (c / "load.json").is_file()} \
+        if confirm.is_dir() else {}
     winner = d.get("winner")
     out["winner"] = None if winner is None else {"trial": winner["trial"], "value": _round(winner["value"]),
                                                  "confirmed": winner["confirmed"]}

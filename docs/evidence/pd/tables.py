@@ -6,6 +6,10 @@
 - ``h200x8-long-context-first.json``: the same command before a baseline without a layout said ``aggregated``
   (the sampler drew the lever for the one-server recipes: recipe-tp8 and recipe-tep were launched as layouts;
   every row is a valid launch of what it says, so no row is named as a baseline).
+- ``h200x8-long-context-second.json``: the second run of that command (baselines fixed), whose one-server launches
+  had windows refused for prefix-cache hits: the emulated scheduler's own-content hash collided for its first
+  two split-off groups (uids -1 and -2, which CPython hashes alike). ``h200x8-long-context.json`` is the same
+  command again after the fix.
 - ``cpu-connectors.json``: ``benchmarks/bench_pd_cpu.py``: the KV connectors the vLLM CPU build runs between
   two servers behind vllm-router.
 """
@@ -55,7 +59,7 @@ def night(folder: Path, name: str = NIGHT) -> str:
     lines = ["| launch | kind | trial | goodput req/s (node) | at concurrency | p95 TTFT s | p95 ITL ms | |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for t in d["trials"]:
-        label = (f"baseline {t['baseline']}: " if t["baseline"] and name == NIGHT else "") + _launch(t)
+        label = (f"baseline {t['baseline']}: " if t["baseline"] and name != FIRST else "") + _launch(t)
         value = _num(t["value"], ".2f") if t["feasible"] else f"– ({t['failure_class']})"
         ttft = t["figures"].get("p95_ttft_ms")
         mark = "**winner**" if d["winner"] and t["trial"] == d["winner"]["trial"] else ""
@@ -74,7 +78,8 @@ def kinds(folder: Path, name: str = NIGHT) -> str:
         only = "disaggregated" if pd else "aggregated" if agg else "neither kind"
         return f"only {only} met the SLOs"
     first, second = (pd, agg) if pd["value"] >= agg["value"] else (agg, pd)
-    return (f"{first['kind']} won the screening: trial {first['trial']} ({_launch(first)}) at {first['value']:.2f} req/s, "
+    return (f"{first['kind']} won the screening: trial {first['trial']} ({_launch(first)}) at "
+            f"{first['value']:.2f} req/s, "
             f"{first['value'] / second['value']:.2f}× the best {second['kind']} launch, trial {second['trial']} "
             f"({_launch(second)}) at {second['value']:.2f} req/s")
 
@@ -144,7 +149,52 @@ def machine(folder: Path) -> str:
 
 
 FIRST = "h200x8-long-context-first.json"
+SECOND = "h200x8-long-context-second.json"
+NIGHTS = ((FIRST, "first rehearsal", "before the fix"), (SECOND, "second rehearsal", "before the fix"),
+          (NIGHT, "re-run", "after the fix"))
+BLOCK_TOKENS = 256
+"""The h200x8 profile's KV block size (``block-size``): a prefix-cache hit is whole blocks."""
+
+
+def _all_windows(d: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(launch, trial or None, window) for every measured window of a night, confirmations included."""
+    out = [(f"trial {t['trial']}: {_launch(t)}", t, w) for t in d["trials"] for w in t.get("windows") or []]
+    for name, windows in (d.get("confirm_windows") or {}).items():
+        out += [(f"confirmation {name}", {}, w) for w in windows]
+    return out
+
+
+def windows(folder: Path) -> str:
+    lines = ["| night | scheduler | launches | windows measured | windows with prefix-cache hits | refused windows | "
+             "preemptions in windows with hits |", "|---|---|---:|---:|---:|---:|---:|"]
+    for name, label, code in NIGHTS:
+        d = _load(folder, name)
+        if d is None or not any(t.get("windows") for t in d["trials"]):
+            lines.append(f"| {label} | {code} | (no data: collect.py) | | | | |")
+            continue
+        every = [w for _, _, w in _all_windows(d)]
+        hit = [w for w in every if w.get("prefix_cache_hits")]
+        lines.append(f"| {label} | {code} | {_num(d['launched'])} | {len(every)} | {len(hit)} | "
+                     f"{sum(1 for w in every if w['refused'])} | {_num(sum(w.get('preemptions') or 0 for w in hit))} |")
+    return "\n".join(lines)
+
+
+def hits(folder: Path) -> str:
+    lines = ["| night | launch | concurrency | prefix-cache hit tokens | of prompt tokens queried | "
+             f"blocks of {BLOCK_TOKENS} | preemptions | refused |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for name, label, _ in NIGHTS:
+        d = _load(folder, name)
+        for launch, _, w in _all_windows(d) if d else []:
+            if w.get("prefix_cache_hits"):
+                lines.append(f"| {label} | {launch} | {_num(w['concurrency'])} | {_num(w['prefix_cache_hits'])} | "
+                             f"{_num(w.get('prefix_cache_queries'))} | {_num(w['prefix_cache_hits'] / BLOCK_TOKENS)} | "
+                             f"{_num(w.get('preemptions'))} | {'yes' if w['refused'] else 'no'} |")
+    return "\n".join(lines) if len(lines) > 2 else "(no window of these nights had a prefix-cache hit)"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {"night": night, "kinds": kinds, "pools": pools, "buckets": buckets,
-                                            "cpu": cpu, "machine": machine,
+                                            "cpu": cpu, "machine": machine, "windows": windows, "hits": hits,
                                             "first_night": functools.partial(night, name=FIRST),
-                                            "first_kinds": functools.partial(kinds, name=FIRST)}
+                                            "first_kinds": functools.partial(kinds, name=FIRST),
+                                            "second_night": functools.partial(night, name=SECOND),
+                                            "second_kinds": functools.partial(kinds, name=SECOND)}

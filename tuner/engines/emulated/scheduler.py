@@ -108,6 +108,11 @@ class Group:
         From the token ids when the group has them (the server does), the way
         :func:`~tuner.engines.emulated.kv_pool.chain_hashes` computes them; otherwise given hashes
         (``prompt_hashes``, e.g. a shared prefix) and then content unique to this request.
+
+        That content is keyed by the uid's sign and magnitude, not the bare uid: CPython hashes an int
+        as itself except ``hash(-1) == hash(-2)`` (``-1`` is its error value), so the first two
+        split-off groups (uids ``-1`` and ``-2``) had one chain, and the second read the first's blocks
+        as prefix-cache hits on prompts that share nothing (issue 27's refused windows).
         """
         chain = self._chain
         while len(chain) <= index:
@@ -117,7 +122,7 @@ class Group:
             if ids is not None and (i + 1) * block_size <= len(ids):
                 chain.append(hash((parent, i, tuple(ids[i * block_size:(i + 1) * block_size]))))
             else:
-                chain.append(hash((parent, self.uid, i)))
+                chain.append(hash((parent, self.uid < 0, abs(self.uid), i)))
         return chain[index]
 
 
