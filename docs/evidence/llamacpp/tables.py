@@ -101,6 +101,7 @@ def gguf(folder: Path) -> str:
     return "\n".join(rows)
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"build": build, "build_setup": build_setup, "night": night, "launches": launches,
+TABLES: dict[str, Callable[[Path], str]] = {"build": build, "build_setup": build_setup, "night": night,
+                                            "launches": launches,
                                             "failures": failures, "verify": verify, "draft_gain": draft_gain,
                                             "gguf": gguf}
