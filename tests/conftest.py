@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -36,6 +37,19 @@ REPO = Path(__file__).resolve().parent.parent
 settings.register_profile("gate", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False, max_examples=1000)
 settings.load_profile(os.environ.get("DSV4_HYPOTHESIS_PROFILE", "gate"))
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A script of ``benchmarks/`` as a module (they import each other by name, so the folder goes on the path)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def stand_in_checkpoint(folder: Path, config: dict[str, Any] | None = None) -> Path:

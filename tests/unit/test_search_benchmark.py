@@ -8,33 +8,20 @@ table are in docs/evidence/search-emulated/ and docs/search.md.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.conftest import load_benchmark
+
 SEEDS = range(4)
 CAP = 20
 
 
-def _load(name: str) -> ModuleType:
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return _load("bench_search")
+    return load_benchmark("bench_search")
 
 
 @pytest.fixture(scope="module")
