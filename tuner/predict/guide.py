@@ -210,11 +210,7 @@ class Predictor:
         for key, per in best.items():
             if key in taken:
                 continue
-            plain, spec = per.get(False), per.get(True)
-            row = plain if plain is not None else spec
-            if spec is not None and plain is not None and score[spec] > score[plain] * (1.0 + SPECULATION_MARGIN):
-                row = spec
-            assert row is not None
+            row = _plain_unless_speculation_pays(per, score)
             chosen.append((float(score[row]), row))
         chosen.sort(reverse=True)
         return [int(np.flatnonzero(self.table.phys_of == row)[0]) for _, row in chosen[:k]]
@@ -251,12 +247,7 @@ class Predictor:
                 if any(sum(a != b for a, b in zip(cell, other, strict=True)) < here
                        for other in taken + [self.cell(r) for r in chosen]):
                     continue
-                plain, spec = per.get(False), per.get(True)
-                pick = plain if plain is not None else spec
-                if spec is not None and plain is not None and score[spec] > score[plain] * (1.0 + SPECULATION_MARGIN):
-                    pick = spec
-                assert pick is not None
-                chosen.append(pick)
+                chosen.append(_plain_unless_speculation_pays(per, score))
         return [int(np.flatnonzero(self.table.phys_of == r)[0]) for r in chosen]
 
 
@@ -579,3 +570,13 @@ class Guide:
 
 def topology_of_point(table: SpaceTable, point: int) -> str:
     return str(table.params[point].get(TOPOLOGY_PARAM, ""))
+
+
+def _plain_unless_speculation_pays(per: dict[bool, int], score: np.ndarray) -> int:
+    """A cell's pick: its best row without speculation, or with it when predicted
+    :data:`SPECULATION_MARGIN` better (``per``: speculates → the cell's best row so; one at least)."""
+    plain, spec = per.get(False), per.get(True)
+    if plain is None or (spec is not None and score[spec] > score[plain] * (1.0 + SPECULATION_MARGIN)):
+        assert spec is not None
+        return spec
+    return plain
