@@ -84,6 +84,15 @@ def test_tokens_per_joule_and_dollars_per_million_tokens() -> None:
     assert "tokens_per_joule" not in energy_figures(energy, {"total_output_tokens": 0, "duration": 20.0}, 3.5)
 
 
+def test_the_energy_is_the_mean_power_over_the_loads_own_duration() -> None:
+    # the sampler ran 22 s around a 20 s load (the client pool's start, the last scrape): 2 s of no tokens
+    energy = WindowEnergy(source="stand-in", gpus=1, seconds=22.0, samples=44, energy_j=250.0 * 22.0,
+                          energy_from="counter", mean_w=250.0, max_w=250.0)
+    figures = energy_figures(energy, {"total_output_tokens": 100_000, "duration": 20.0}, gpu_hour_usd=None)
+    assert figures["gpu_energy_j"] == pytest.approx(250.0 * 20.0)
+    assert figures["tokens_per_joule"] == pytest.approx(100_000 / 20.0 / 250.0)  # throughput over watts
+
+
 def test_energy_metrics_have_one_direction() -> None:
     assert Objective(name="e", metric="tokens_per_joule").direction == "maximize"
     assert Objective(name="c", metric="usd_per_mtok", gpu_hour_usd=2.0).direction == "minimize"
@@ -175,7 +184,8 @@ def test_the_ladder_reports_energy_per_window_with_the_stand_in_reader() -> None
         s, p = step.summary, step.server["power"]
         assert p["energy_from"] == "counter" and p["gpus"] == 1
         assert s["gpu_power_mean_w"] == pytest.approx(300.0, rel=1e-3)  # clock and counter read apart
-        assert s["tokens_per_joule"] == pytest.approx(s["total_output_tokens"] / p["energy_j"])
+        assert s["tokens_per_joule"] == pytest.approx(s["total_output_tokens"] / (p["mean_w"] * s["duration"]))
+        assert s["gpu_energy_j"] <= p["energy_j"]  # the load window, inside the sampler's
         assert s["usd_per_mtok"] == pytest.approx(3.5 * s["duration"] / 3600 / (s["total_output_tokens"] / 1e6))
     # the step reported is the one with the most tokens per joule (the objective's metric)
     assert m.summary["tokens_per_joule"] == max(st.summary["tokens_per_joule"] for st in m.steps)

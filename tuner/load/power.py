@@ -245,15 +245,19 @@ def energy_figures(window: WindowEnergy | None, summary: Mapping[str, Any],
                    gpu_hour_usd: float | None) -> dict[str, float]:
     """The summary keys a window's power gives (:data:`ENERGY_KEYS`); empty without a reading.
 
-    ``summary`` is the window's load summary (``total_output_tokens``, ``duration``).
+    ``summary`` is the window's load summary (``total_output_tokens``, ``duration``). The energy is the
+    sampler's mean power over the load's own duration: the sampler's window also holds what surrounds the
+    load (the client pool's start, the last scrape), which on a busy host was 10 % of it and would count
+    joules no token was served in (``tests/integration/test_study_e2e.py``).
     """
     if window is None:
         return {}
     tokens = float(summary.get("total_output_tokens") or 0.0)
-    out = {"gpu_energy_j": window.energy_j, "gpu_power_mean_w": window.mean_w, "gpu_power_max_w": window.max_w}
-    if tokens > 0 and window.energy_j > 0:
-        out["tokens_per_joule"] = tokens / window.energy_j
     duration_s = float(summary.get("duration") or 0.0)
+    energy_j = window.mean_w * duration_s if duration_s > 0 and math.isfinite(window.mean_w) else window.energy_j
+    out = {"gpu_energy_j": energy_j, "gpu_power_mean_w": window.mean_w, "gpu_power_max_w": window.max_w}
+    if tokens > 0 and energy_j > 0:
+        out["tokens_per_joule"] = tokens / energy_j
     if gpu_hour_usd is not None and tokens > 0 and duration_s > 0:
         out["usd_per_mtok"] = gpu_hour_usd * window.gpus * duration_s / 3600.0 / (tokens / 1e6)
     return out
