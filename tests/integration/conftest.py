@@ -9,13 +9,16 @@ beside it. A launch costs 30-90 s here; the prompt-freshness windows, the cross-
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import cpu_server
-from tests.ci_parts import vllm_cli
+from tests.ci_parts import under_ci, vllm_cli
+from tests.conftest import REPO
 
 SHARED = "vllm_cpu_server"
 _LAST_USER = pytest.StashKey[str]()
@@ -52,3 +55,35 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if item.nodeid == item.config.stash.get(_LAST_USER, None):
         for server in list(_RUNNING):
             server.stop()
+
+
+def _start_service(which: str) -> dict[str, str]:
+    """``scripts/ci_services.sh start WHICH`` (PostgreSQL, or a Ray head, on loopback): its exports."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "ci_services.sh"), "start", which], capture_output=True,
+                          text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        message = f"scripts/ci_services.sh start {which} failed: {proc.stderr[-2000:]}"
+        if under_ci():  # CI: a service that cannot start is a failure
+            pytest.fail(message)
+        pytest.skip(message)
+    exports: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            exports[key] = value
+    return exports
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """A real PostgreSQL database URL (``$DSV4_TUNE_STORAGE``, else started here)."""
+    url = os.environ.get("DSV4_TUNE_STORAGE") or _start_service("postgres")["DSV4_TUNE_STORAGE"]
+    assert url.startswith("postgresql")
+    return url
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> str:
+    """A real local Ray head's address (``$DSV4_RAY_ADDRESS``, else started here)."""
+    pytest.importorskip("ray.tune")
+    return os.environ.get("DSV4_RAY_ADDRESS") or _start_service("ray")["DSV4_RAY_ADDRESS"]

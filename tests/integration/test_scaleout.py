@@ -23,7 +23,6 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.ci_parts import under_ci
 from tests.conftest import REPO
 from tuner.backends.node import REFERENCE_ATTR, NodeIdentity
 from tuner.backends.storage import make_storage, mask_url, resolve_storage_url
@@ -47,35 +46,6 @@ OBJECTIVE = {
     "slos": {"p95_ttft_ms": 60000},
     "workload": {"input_len": 32, "output_len": 16, "num_prompts": 8, "concurrency": 4, "warmup_prompts": 1},
 }
-
-
-def _start(which: str) -> dict[str, str]:
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "ci_services.sh"), "start", which], capture_output=True,
-                          text=True, timeout=600, check=False)
-    if proc.returncode != 0:
-        message = f"scripts/ci_services.sh start {which} failed: {proc.stderr[-2000:]}"
-        if under_ci():  # CI: a service that cannot start is a failure
-            pytest.fail(message)
-        pytest.skip(message)
-    exports: dict[str, str] = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("export "):
-            key, _, value = line[len("export "):].partition("=")
-            exports[key] = value
-    return exports
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> str:
-    url = os.environ.get("DSV4_TUNE_STORAGE") or _start("postgres")["DSV4_TUNE_STORAGE"]
-    assert url.startswith("postgresql")
-    return url
-
-
-@pytest.fixture(scope="module")
-def ray_address() -> str:
-    pytest.importorskip("ray.tune")
-    return os.environ.get("DSV4_RAY_ADDRESS") or _start("ray")["DSV4_RAY_ADDRESS"]
 
 
 @pytest.fixture

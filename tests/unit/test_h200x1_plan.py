@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import time
-import types
 import zlib
 from pathlib import Path
 from typing import Any
@@ -127,42 +126,21 @@ def test_a_speculative_trial_with_a_new_control_needs_time_for_two_launches() ->
     assert time_for_another(study, time.time() + 170.0, first_estimate_s=75.0, launches=2)
 
 
-class _SpeculativeStep:
-    """Stands in for TrialStep in the loop's budget decision: every proposal speculates, no control yet."""
+def test_a_round_puts_back_a_speculative_trial_whose_pair_does_not_fit(tmp_path: Path) -> None:
+    from tests.conftest import synthetic_record
+    from tuner.study import Study
 
-    def __init__(self, study: optuna.Study) -> None:
-        self.ostudy = study
-        self.launches: list[int] = []
-        self.interrupted_numbers: list[int] = []
-
-    def propose(self) -> Any:
-        return types.SimpleNamespace(trial=self.ostudy.ask(), number=len(self.ostudy.trials) - 1)
-
-    def needs_control(self, proposal: Any, launched: Any, running: Any = None) -> bool:
-        return True
-
-    def interrupted(self, proposal: Any) -> None:
-        self.interrupted_numbers.append(proposal.number)
-        proposal.trial.set_user_attr("interrupted", True)
-        self.ostudy.tell(proposal.trial, state=optuna.trial.TrialState.FAIL)
-
-    def control_for(self, proposal: Any, launched: Any) -> None:
-        self.launches.append(proposal.number)  # the pair would start here
-        return None
-
-
-def test_the_local_loop_puts_back_a_speculative_trial_whose_pair_does_not_fit() -> None:
-    from tuner.study.local import LocalLoop
-
-    study = _study_with_durations([100.0, 80.0, 78.0])
-    step = _SpeculativeStep(study)
-    loop = LocalLoop(step, record=None, confirmation=None, first_trial_estimate_s=75.0)  # type: ignore[arg-type]
-    loop._attempt = lambda *args, **kwargs: "launched"  # type: ignore[method-assign]
-    progress = types.SimpleNamespace()
-    fits = loop._round({}, progress, lambda p: None, lambda: False,  # type: ignore[arg-type]
-                       deadline=time.time() + 100.0, reserve_s=0.0)
-    assert fits is False and step.launches == [] and step.interrupted_numbers == [3]
-    assert study.trials[3].state == optuna.trial.TrialState.FAIL and study.trials[3].user_attrs["interrupted"]
-    assert loop._round({}, progress, lambda p: None, lambda: False,  # type: ignore[arg-type]
-                       deadline=time.time() + 200.0, reserve_s=0.0) is True
-    assert step.launches == [4]
+    study = Study.create(synthetic_record(tmp_path, name="pair", trials=2), tmp_path / "runs")
+    ostudy = study.optuna_study()
+    rnd = study.round(ostudy, study.context())
+    ostudy.enqueue_trial({"speculative.draft_tokens": 2})
+    opening = rnd.open(rnd.propose(), room=lambda launches: launches < 2)  # one launch fits, not two
+    assert opening.status == "no_room" and opening.control is None
+    held = ostudy.trials[opening.proposal.number]
+    assert held.state == optuna.trial.TrialState.FAIL and held.user_attrs["interrupted"]  # resume asks it again
+    assert len(ostudy.trials) == 1  # its control was never asked
+    ostudy.enqueue_trial({"speculative.draft_tokens": 2})
+    opening = rnd.open(rnd.propose(), room=lambda launches: True)
+    assert opening.status == "go" and opening.control is not None
+    assert opening.control.config.params["speculative.draft_tokens"] == 0
+    assert opening.control.trial.user_attrs["control_for"] == opening.proposal.key

@@ -42,7 +42,7 @@ def test_the_ray_searcher_ships_the_control_first_and_holds_the_twin(tmp_path: P
     ostudy.enqueue_trial(SPECULATIVE)  # ahead of the hardware profile's baselines
     study.prepare_queue(ostudy)
     ctx = study.context()
-    searcher, abandon_held = make_searcher(study, study.step(ostudy, ctx), 2)
+    searcher, abandon_held = make_searcher(study, study.round(ostudy, ctx), 2)
 
     control = searcher.suggest("t1")
     assert control is not None and control["params"]["speculative.draft_tokens"] == 0
@@ -74,7 +74,7 @@ def test_a_twin_still_held_when_tune_stops_is_left_for_resume(tmp_path: Path) ->
     ostudy = study.optuna_study()
     ostudy.enqueue_trial(SPECULATIVE)
     study.prepare_queue(ostudy)
-    searcher, abandon_held = make_searcher(study, study.step(ostudy, study.context()), 1)
+    searcher, abandon_held = make_searcher(study, study.round(ostudy, study.context()), 1)
     control = searcher.suggest("t1")
     assert control is not None and control["params"]["speculative.draft_tokens"] == 0
     abandon_held()  # Tune stopped (its time budget) before the control's result came in

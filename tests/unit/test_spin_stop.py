@@ -175,8 +175,7 @@ def test_the_ray_searcher_stops_after_k_refusals_in_a_row(
     study.prepare_queue(ostudy)
     ctx = study.context()
     seen = launches(_tiny_kv_node(study))
-    step = study.step(ostudy, ctx)
-    searcher, finish = make_searcher(study, step, None)
+    searcher, finish = make_searcher(study, study.round(ostudy, ctx), None)
     answers = []
     for i in range(SPIN_LIMIT):
         shipped = searcher.suggest(f"t{i}")
@@ -286,7 +285,7 @@ def test_the_ray_searcher_learns_from_an_oom_under_load_and_a_failed_start(
     study.prepare_queue(ostudy)
     ctx = study.context()
     seen = launches(_failing_node)
-    searcher, finish = make_searcher(study, study.step(ostudy, ctx), 3)
+    searcher, finish = make_searcher(study, study.round(ostudy, ctx), 3)
     for i in range(20):  # one node: each shipped trial completes before the next suggest
         shipped = searcher.suggest(f"t{i}")
         if shipped == Searcher.FINISHED:

@@ -3,12 +3,12 @@
     dsv4-tune run --backend ray --ray-address HEAD:6379 --hw h200x8 --objective throughput --trials 40
 
 The driver (this process) holds the study: Optuna storage, queue (baselines, re-queued trials),
-de-duplication, constraints, the trials table. Its Tune searcher takes the study's trial step
-(:mod:`tuner.study.step`) as the local loop does: propose, screen duplicates, learn KV, launch a
-speculative proposal's control first, pre-launch checks; it ships each trial to a node
-(:meth:`~tuner.study.step.TrialStep.begin`) and records the result that comes back
-(:meth:`~tuner.study.step.TrialStep.record`). The result is an ordinary study: ``status``,
-``export`` and ``resume`` read it as any other.
+de-duplication, constraints, the trials table. Its Tune searcher takes the study's round
+(:mod:`tuner.study.round`) as the local loop does: propose, screen, a speculative proposal's control
+first, pre-launch checks; it ships each trial to a node (:meth:`~tuner.study.step.TrialStep.begin`)
+and learns from the result that comes back (:meth:`~tuner.study.round.Round.learned`: the record, the
+KV refit, start failures and, with ``--prior model``, the prior's correction and stop estimate).
+The result is an ordinary study: ``status``, ``export`` and ``resume`` read it as any other.
 
 Controls first, side by side: a speculative proposal whose control has not run yet is held while
 its control runs (on whichever node is free), and shipped when the control's result is in, so its
@@ -52,8 +52,9 @@ from tuner.backends.worker import OnMismatch
 from tuner.errors import SearchStalledError, UsageError
 from tuner.objective import failed_score
 from tuner.search.space import build_config
-from tuner.study import Proposal, Study, StudyLock, StudyRecord, TrialStep
-from tuner.study.ranking import launched_keys, launched_numbers
+from tuner.study import Proposal, Study, StudyLock, StudyRecord
+from tuner.study.ranking import launched_numbers
+from tuner.study.round import Round
 from tuner.study.study import storage_for_record
 from tuner.trial import TrialOutcome, run_trial
 
@@ -187,16 +188,16 @@ def is_loopback(address: str | None) -> bool:
         return False
 
 
-def make_searcher(study: Study, step: TrialStep,
+def make_searcher(study: Study, rnd: Round,
                   budget: int | None) -> tuple[Searcher, Callable[[], SearchStalledError | None]]:
-    """Tune's searcher over ``step``, and what to call once Tune stops: it closes the twins the searcher
-    still holds, and returns why the search stopped when the step's stop rule ended it (else None)."""
+    """Tune's searcher over the study's round, and what to call once Tune stops: it closes the twins the
+    searcher still holds, and returns why the search stopped when the step's stop rule ended it (else None)."""
     from ray.tune.search import Searcher
 
-    ostudy = step.ostudy
+    ostudy = rnd.ostudy
 
     class StudySearch(Searcher):  # type: ignore[misc]
-        """Tune's searcher over the study's trial step: ships proposals, tells results, controls first."""
+        """Tune's searcher over the study's round: ships proposals, learns from results, controls first."""
 
         def __init__(self) -> None:
             super().__init__(metric="value", mode="max" if study.objective.direction == "maximize" else "min")
@@ -224,47 +225,47 @@ def make_searcher(study: Study, step: TrialStep,
         def _suggest(self, trial_id: str) -> dict[Any, Any] | None:
             while self.ready:  # a twin whose control ended; the pair may pass --trials by one
                 twin = self.ready.pop(0)
-                step.learn_kv()
-                if step.refuse(twin) is None:
+                rnd.step.learn_kv()
+                if rnd.admit(twin) is None:
                     return self._ship(trial_id, twin)
-            if budget is not None and self.shipped >= budget:
+            if (budget is not None and self.shipped >= budget) or rnd.done():
                 finished: Any = Searcher.FINISHED
                 return None if self.held else finished  # type: ignore[no-any-return]
             for _ in range(MAX_WAITING_PER_SUGGEST):  # duplicates and refusals count in the step's stop rule
-                proposal = step.propose()
-                launched = launched_keys(ostudy)
-                if step.screen(proposal, launched) is not None:
+                busy = {p.key: p.number for p in self._busy()}
+                opening = rnd.open(rnd.propose(), busy=busy, hold=self._hold)
+                if opening.status != "go":
                     continue
-                if proposal.key in self._busy_keys():
-                    step.skip(proposal, "the same configuration is running on another node")
-                    continue
-                step.learn_kv()  # every launch so far, this run's and a resumed study's
-                if proposal.config.is_speculative and proposal.config.control().key() not in launched:
-                    holder = next((tid for tid, p in self.running.items()
-                                   if p.key == proposal.config.control().key()), None)
-                    if holder is not None:  # its control runs already, for another twin: wait for it too
-                        self.held.setdefault(holder, []).append(proposal)
-                        continue
-                    control = step.control_for(proposal, launched)
+                if opening.control is not None:
                     try:
-                        control_refused = control is None or step.refuse(control) is not None
+                        control_refused = rnd.admit(opening.control) is not None
                     except SearchStalledError:
-                        step.skip(proposal, "the search stopped on its control's refusal, before it launched")
+                        rnd.step.skip(opening.proposal, "the search stopped on its control's refusal, before it "
+                                                        "launched")
                         raise
-                    if control is not None and not control_refused:
-                        self.held[trial_id] = [proposal]  # shipped once the control's result is in
-                        return self._ship(trial_id, control)
-                if step.refuse(proposal) is None:  # the pre-launch checks, before a node is spent on it
-                    return self._ship(trial_id, proposal)
+                    if not control_refused:
+                        self.held[trial_id] = [opening.proposal]  # shipped once the control's result is in
+                        return self._ship(trial_id, opening.control)
+                if rnd.admit(opening.proposal) is None:  # the pre-launch checks, before a node is spent on it
+                    return self._ship(trial_id, opening.proposal)
             return None  # proposals waiting on busy nodes only: ask again later
 
-        def _busy_keys(self) -> set[str]:
-            """Configurations on a node now, or held for one."""
+        def _hold(self, proposal: Proposal) -> bool:
+            """Hold a speculative proposal whose control runs already (for another twin) until that ends."""
+            control_key = proposal.config.control().key()
+            holder = next((tid for tid, p in self.running.items() if p.key == control_key), None)
+            if holder is None:
+                return False
+            self.held.setdefault(holder, []).append(proposal)
+            return True
+
+        def _busy(self) -> list[Proposal]:
+            """Proposals on a node now, or held for one."""
             held = [p for twins in self.held.values() for p in twins]
-            return {p.key for p in [*self.running.values(), *held, *self.ready]}
+            return [*self.running.values(), *held, *self.ready]
 
         def _ship(self, trial_id: str, proposal: Proposal) -> dict[str, Any]:
-            step.begin(proposal)
+            rnd.step.begin(proposal)
             proposal.trial.set_user_attr("backend", "ray")
             self.running[trial_id] = proposal
             self.shipped += 1
@@ -280,7 +281,7 @@ def make_searcher(study: Study, step: TrialStep,
             if proposal is None:
                 return
             try:
-                self._complete(proposal.trial, result, error)
+                self._complete(proposal, result, error)
             finally:
                 self.ready.extend(self.held.pop(trial_id, []))
                 study.write_trials_table(ostudy)
@@ -292,12 +293,13 @@ def make_searcher(study: Study, step: TrialStep,
             """
             for twin in [*self.ready, *(p for held in self.held.values() for p in held)]:
                 log.warning("trial %d: its control ran but Tune stopped before it; resume runs it", twin.number)
-                step.interrupted(twin)
+                rnd.step.interrupted(twin)
             self.ready.clear()
             self.held.clear()
             return self.stalled
 
-        def _complete(self, ot_trial: optuna.Trial, result: dict[str, Any] | None, error: bool) -> None:
+        def _complete(self, proposal: Proposal, result: dict[str, Any] | None, error: bool) -> None:
+            ot_trial = proposal.trial
             if error or not result or "value" not in result:
                 ot_trial.set_user_attr("failure_class", "node_lost")
                 ot_trial.set_user_attr("reason", "the trial's node or Ray worker died on every attempt")
@@ -324,7 +326,7 @@ def make_searcher(study: Study, step: TrialStep,
                           "; ".join(diffs))
                 return
             outcome = outcome_from_json(json.loads(result["outcome"]))
-            step.record(ot_trial, outcome)
+            rnd.learned(proposal, outcome)
             log.info("trial %d on %s: %s", ot_trial.number, node.hostname,
                      f"{outcome.value:.1f} {study.objective.metric}" if outcome.ok
                      else f"failed: {outcome.failure_class}")
@@ -408,7 +410,7 @@ def run_study(study: Study, options: RayOptions) -> optuna.Study:
         trainable = tune.with_resources(
             tune.with_parameters(ray_trial, job=_job(study, study.runs_dir, options.on_mismatch)),
             tune.PlacementGroupFactory([bundle], strategy="STRICT_PACK"))
-        searcher, abandon_held = make_searcher(study, study.step(ostudy, study.context()), remaining)
+        searcher, abandon_held = make_searcher(study, study.round(ostudy, study.context()), remaining)
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=concurrent,

@@ -2,8 +2,9 @@
 
     dsv4-tune worker --storage postgresql://user@db-host/dsv4 --study NAME [--runs-dir DIR] [--worker-id ID]
 
-Every worker runs its own server on its own GPUs and tells into the same Optuna study, one trial
-step at a time (:mod:`tuner.study.step`, as the local loop). While a trial runs, a heartbeat thread
+Every worker runs its own server on its own GPUs and tells into the same Optuna study, one round at
+a time (:mod:`tuner.study.round`, as the local loop; with ``--prior model`` the guide learns from every
+launch, the other workers' too). While a trial runs, a heartbeat thread
 stamps it in the database; before each ask a worker fails the trials whose heartbeat went stale (a
 worker that died, or a node that lost power) and Optuna's retry callback queues them again, so a
 dead worker's trial is finished by another one.
@@ -29,7 +30,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -40,9 +41,9 @@ from tuner import store
 from tuner.backends.node import NodeIdentity, check_node, node_identity
 from tuner.backends.storage import heartbeat, make_storage, mask_url, resolve_storage_url, shared_sampler, study_exists
 from tuner.errors import NodeMismatchError, SearchStalledError, StudyError
-from tuner.study import Progress, Proposal, Study, StudyLock, StudyRecord, TrialStep
-from tuner.study.progress import phase_reporter
-from tuner.study.ranking import launched_keys, launched_numbers, running_keys, time_for_another
+from tuner.study import Progress, Proposal, Study, StudyLock, StudyRecord
+from tuner.study.ranking import launched_numbers, time_for_another
+from tuner.study.round import ProgressSeat, Round
 
 __all__ = ["LABEL_OF_ATTR", "OnMismatch", "SharedStudy", "Worker", "WorkerOptions", "labelled_sibling",
            "launch_lock", "open_shared", "publish", "run_worker"]
@@ -186,13 +187,20 @@ class Worker:
             ctx = study.context()
             ostudy = study.optuna_study()
             study.enqueue_baselines(ostudy)
-            return self._loop(study.step(ostudy, ctx), show)
+            return self._loop(study.round(ostudy, ctx, shared=True), show)
 
-    def _loop(self, step: TrialStep, on_progress: Callable[[Progress], None]) -> optuna.Study:
-        study, record, ostudy = self.study, self.study.record, step.ostudy
+    def _loop(self, rnd: Round, on_progress: Callable[[Progress], None]) -> optuna.Study:
+        """The study's round, one at a time on this node, until the study's target or this worker's budget."""
+        study, record, ostudy = self.study, self.study.record, rnd.ostudy
         budget_s = self.options.budget_s if self.options.budget_s is not None else record.budget_s
         deadline = time.time() + budget_s if budget_s else None
         progress = Progress(study=record.name, target=record.trials, deadline=deadline)
+        seat = _WorkerSeat(progress, on_progress, metric=rnd.step.objective.metric, worker=self)
+
+        def room(launches: int) -> bool:
+            return deadline is None or time_for_another(ostudy, deadline, study.profile.server.expected_launch_s,
+                                                        launches=launches)
+
         stalled: SearchStalledError | None = None
         while True:
             with launch_lock(self.options.launch_lock):
@@ -206,15 +214,18 @@ class Worker:
                 if record.trials is not None and progress.launched >= record.trials:
                     progress.last = f"the study reached --trials {record.trials}"
                     break
-                if deadline is not None and not time_for_another(ostudy, deadline,
-                                                                 study.profile.server.expected_launch_s):
+                if not room(1):
                     progress.last = "budget left is shorter than one trial; stopping"
                     break
-                trial = ostudy.ask()
+                if rnd.done():
+                    progress.last = "--stop-when-done: the model's stop estimate says the night is won"
+                    break
+                trial = rnd.ask()
                 try:
                     with heartbeat(trial, self.options.heartbeat_interval_s):
-                        fits = self._round(step, trial, progress, on_progress, deadline)
-                    if not fits:
+                        self.stamp(trial)
+                        played = rnd.play(seat, trial, room)
+                    if played == "no_room":
                         progress.last = ("budget left is shorter than a speculative trial with its control (two "
                                          "launches); stopping, the trial goes back to the queue")
                         break
@@ -231,76 +242,33 @@ class Worker:
             raise stalled
         return ostudy
 
-    def _round(self, step: TrialStep, trial: optuna.Trial, progress: Progress,
-               on_progress: Callable[[Progress], None], deadline: float | None = None) -> bool:
-        """One asked trial: screened (duplicate, or running elsewhere), its control first, then launched.
-
-        False, with nothing launched and the trial back in the queue, when it needs a control here and the
-        budget holds one launch but not two (as the local loop)."""
-        self._stamp(trial)
-        proposal = step.propose(trial)
-        launched = launched_keys(step.ostudy)
-        running = running_keys(step.ostudy, exclude_number=trial.number)
-        if step.screen(proposal, launched, running) is not None:
-            return True
-        if (deadline is not None and step.needs_control(proposal, launched, running)
-                and not time_for_another(step.ostudy, deadline, step.profile.server.expected_launch_s, launches=2)):
-            step.interrupted(proposal)
-            step.ostudy.enqueue_trial(dict(proposal.trial.params), user_attrs={"retry_of": proposal.number})
-            return False
-        step.learn_kv()  # the other workers' launches too
-        self._control_first(step, proposal, launched, running, progress, on_progress)
-        self._launch(step, proposal, progress, on_progress)
-        return True
-
-    def _stamp(self, trial: optuna.Trial) -> None:
+    def stamp(self, trial: optuna.Trial) -> None:
+        """The node a trial ran on, on the trial: its worker, host and node fingerprint."""
         identity = self.identity()
         trial.set_user_attr("worker_id", self.options.worker_id)
         trial.set_user_attr("node", identity.hostname)
         trial.set_user_attr("node_fingerprint", identity.fingerprint())
 
-    def _launch(self, step: TrialStep, proposal: Proposal, progress: Progress,
-                on_progress: Callable[[Progress], None]) -> None:
-        """The pre-launch checks, then the trial. An interrupt puts it back in the queue."""
-        verdict = step.refuse(proposal)
-        if verdict is not None:  # the local loop's pre-launch pruning (memory model, vLLM's parser)
-            progress.events.append(f"trial {proposal.number} pruned before launch: {verdict.reason[:100]}")
-            return
-        progress.trial_number = proposal.number
-        try:
-            outcome = step.launch(proposal, should_stop=lambda: False,
-                                  on_phase=phase_reporter(progress, on_progress))
-        except KeyboardInterrupt:
-            log.warning("interrupted: trial %d goes back to the queue", proposal.number)
-            step.ostudy.enqueue_trial(dict(proposal.trial.params), user_attrs={"retry_of": proposal.number})
-            raise
-        progress.launched_one(proposal.number, outcome, step.objective.metric)
-        on_progress(progress)
 
-    def _control_first(self, step: TrialStep, proposal: Proposal, launched: Mapping[str, int],
-                       running: Mapping[str, int], progress: Progress,
-                       on_progress: Callable[[Progress], None]) -> None:
-        """Launch a speculative trial's no-speculation control before it, as the local loop does.
+@dataclass
+class _WorkerSeat(ProgressSeat):
+    """A worker's launches run here; a control (asked inside the round) gets its own heartbeat and node stamp.
 
-        The control runs here, on this node, so the speculative trial's equivalence gate finds the
-        control's outputs in this node's study folder. A control already launched is not run again; one
-        running on another worker is left to it (this trial's gate then compares with the other
-        baselines only).
-        """
-        control = step.control_for(proposal, launched, running)
-        if control is None:
+    The control runs on this node, so the speculative trial's equivalence gate finds the control's outputs
+    in this node's study folder. A control already launched is not run again; one running on another worker
+    is left to it (the twin's gate then compares with the other baselines only).
+    """
+
+    worker: Worker | None = None
+
+    @contextlib.contextmanager
+    def around(self, proposal: Proposal) -> Iterator[None]:
+        if self.worker is None or "control_for" not in proposal.trial.user_attrs:
+            yield  # the proposal itself: the worker's loop holds its heartbeat
             return
-        try:
-            with heartbeat(control.trial, self.options.heartbeat_interval_s):
-                self._stamp(control.trial)
-                self._launch(step, control, progress, on_progress)
-        except SearchStalledError:
-            step.skip(proposal, "the search stopped on its control's refusal, before it launched")
-            raise
-        except BaseException:
-            step.interrupted(proposal)
-            step.ostudy.enqueue_trial(dict(proposal.trial.params), user_attrs={"retry_of": proposal.number})
-            raise
+        with heartbeat(proposal.trial, self.worker.options.heartbeat_interval_s):
+            self.worker.stamp(proposal.trial)
+            yield
 
 
 def _log_progress(p: Progress) -> None:

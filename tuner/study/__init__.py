@@ -2,8 +2,10 @@
 
     study.py      Study: the folder, its snapshots, its Optuna study, the trial context; runs the local driver
     record.py     StudyRecord (``study.json``), StudyLock, new_record
-    step.py       TrialStep: propose, screen duplicates, learn KV, control first, pre-launch, launch, record
-    local.py      LocalLoop: the local driver (one node, one trial at a time), then confirmation
+    step.py       TrialStep: the parts of a trial (propose, screen, control, refuse, launch, record, learn)
+    round.py      Round: the study's one round (every driver's): propose, screen, control first, refuse,
+                  launch, learn (the KV refit, start failures, the prior's correction, the stop estimate)
+    local.py      LocalLoop: the local driver (one node, one round at a time), then confirmation
     guided.py     GuidedSearch: ``--prior model`` (the performance model proposes, each launch corrects it)
     confirm.py    the confirmation phase and the winner
     ranking.py    reading the trials: launched, running, feasible, best; the trials table
@@ -28,6 +30,7 @@ from tuner.study.ranking import (
     write_trials_table,
 )
 from tuner.study.record import StudyLock, StudyRecord, new_record, resolve_model, vocab_size_of
+from tuner.study.round import Opening, ProgressSeat, Round, Seat
 from tuner.study.step import MAX_DUPLICATES_IN_A_ROW, MAX_REFUSED_IN_A_ROW, PRUNED_LOG, Proposal, TrialStep, learn_kv
 from tuner.study.study import Study, storage_for_record
 
@@ -39,8 +42,12 @@ __all__ = [
     "Confirmation",
     "ConfirmationPhase",
     "LocalLoop",
+    "Opening",
     "Progress",
+    "ProgressSeat",
     "Proposal",
+    "Round",
+    "Seat",
     "Study",
     "StudyLock",
     "StudyRecord",

@@ -13,8 +13,10 @@
   trusted (:mod:`tuner.predict.trust`). Once it is not, the guide's proposals are led by the
   measurements (:mod:`tuner.predict.explore`) and the report says after which launch.
 
-Every driver can use it around its own trial step; the local loop does (:mod:`tuner.study.local`),
-and ``benchmarks/bench_search.py`` drives the same object with an in-memory study.
+Every driver takes it through the study's round (:mod:`tuner.study.round`): the local loop, each
+PostgreSQL worker and the Ray driver; ``benchmarks/bench_search.py`` drives the same object with an
+in-memory study. The view after each launch is kept in the study (:data:`VIEW_ATTR`), so a shared
+study's ``prediction.json`` holds every worker's launches.
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ from tuner.search.checkpoints import Checkpoint
 from tuner.search.profile import HardwareProfile
 from tuner.search.space import build_config
 
-__all__ = ["PREDICTION_FILE", "STOP_BELOW", "GuidedSearch", "load_prediction", "prediction_section"]
+__all__ = ["PREDICTION_FILE", "STOP_BELOW", "VIEW_ATTR", "GuidedSearch", "load_prediction", "prediction_section",
+           "study_history"]
 
 log = logging.getLogger(__name__)
 
 PREDICTION_FILE = "prediction.json"
+VIEW_ATTR = "model_view:"
+"""Study user attribute prefix of the model's view after each launch (``model_view:000012``): kept in the
+study, so that in a shared study every worker's launches are in one history, whoever learnt from them."""
 STOP_BELOW = 0.05
 """``--stop-when-done`` ends screening once the chance to beat the winner falls below this."""
 PRIOR_PICKS = 3
@@ -192,8 +198,9 @@ class GuidedSearch:
                  "distrust_at": trust.distrust_at, "distrust_why": trust.why or None,
                  "led_by": trial.user_attrs.get("led_by")}
         self.history.append(entry)
+        ostudy.set_user_attr(f"{VIEW_ATTR}{number:06d}", entry)
         if self.path is not None:
-            store.write_json(self.path / PREDICTION_FILE, {"history": self.history,
+            store.write_json(self.path / PREDICTION_FILE, {"history": study_history(ostudy),
                                                            "objective": self.predictor.objective.describe()})
         return entry
 
@@ -210,6 +217,12 @@ class GuidedSearch:
             return False
         chance = self.history[-1]["chance_to_beat"]
         return chance is not None and float(chance) < STOP_BELOW
+
+
+def study_history(ostudy: optuna.Study) -> list[dict[str, Any]]:
+    """The model's view after every launch the study learnt from (every worker's, every driver's), in trial order."""
+    attrs = ostudy.user_attrs
+    return [attrs[key] for key in sorted(key for key in attrs if key.startswith(VIEW_ATTR))]
 
 
 def _number(value: Any) -> float | None:

@@ -39,6 +39,7 @@ from tuner.study.local import LocalLoop
 from tuner.study.progress import Progress
 from tuner.study.ranking import write_trials_table
 from tuner.study.record import SCHEMA_VERSION, StudyLock, StudyRecord, resolve_model, vocab_size_of
+from tuner.study.round import Round
 from tuner.study.step import TrialStep, learn_kv
 from tuner.trial import TrialContext
 
@@ -260,6 +261,11 @@ class Study:
             ctx = dataclasses.replace(ctx, knee=self.knee_predictor(checks))
         return TrialStep(self.path, self.profile, self.objective, ostudy, ctx, checks, self.probed_constraints())
 
+    def round(self, ostudy: optuna.Study, ctx: TrialContext, *, shared: bool = False) -> Round:
+        """The study's round (every driver's): its trial step and, with ``--prior model``, the guide."""
+        return Round(self.step(ostudy, ctx), self.guided_search(ostudy), shared=shared,
+                     stop_when_done=self.record.stop_when_done)
+
     def probed_constraints(self) -> tuple[LeverConstraint, ...]:
         """The lever values a cheap probe of this host rules out before any launch (FP8 KV on a CPU
         without AVX-512); none for an engine that does not run on this host (the emulated node)."""
@@ -309,9 +315,8 @@ class Study:
             ostudy = self.optuna_study()
             store.write_json(self.path / "study.json", self.record.model_dump())
             self.prepare_queue(ostudy)
-            guided = self.guided_search(ostudy)
-            loop = LocalLoop(self.step(ostudy, ctx), self.record, self.confirmation_phase,
-                             self.profile.server.expected_launch_s, clock=self.clock, guided=guided)
+            loop = LocalLoop(self.round(ostudy, ctx), self.record, self.confirmation_phase,
+                             self.profile.server.expected_launch_s, clock=self.clock)
             return loop.run(on_progress or (lambda _p: None), should_stop or (lambda: False))
 
     def guided_search(self, ostudy: optuna.Study) -> GuidedSearch | None:

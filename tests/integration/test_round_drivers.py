@@ -1,0 +1,223 @@
+"""One round, every driver (issue 26): the same seeded ``--prior model`` study on the same emulated truth,
+run by the local loop, by two workers sharing it on a real PostgreSQL, and by the Ray driver's searcher.
+
+Each launch is measured on the independent emulated node of issue 24 (``benchmarks/search_truth.py``: a
+performance model written apart from the prior's), seed 3, the same figures for a configuration whichever
+driver launches it. ``tuner.study.step.run_trial`` is replaced by that measurement; everything else is the
+real study: Optuna storage (SQLite, PostgreSQL), the feasibility model and pre-launch checks, controls first,
+the guide. The Ray driver's searcher is driven here the way Tune drives it (two nodes' worth of trials in
+flight), in this process, so that its launches are measured on the same truth.
+
+Before the round was written once, only the local driver told the guide of each launch: the workers and
+Ray ran ``--prior model`` blind after the prior's first picks, and this test failed on them (no model view
+after their launches).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import tuner.study.step as step_mod
+from tests.conftest import load_benchmark, synthetic_record
+from tuner.backends.node import NodeIdentity
+from tuner.backends.storage import make_storage
+from tuner.backends.worker import Worker, WorkerOptions, open_shared
+from tuner.objective import constraint_names, failed_score
+from tuner.search.space import ServeConfig, build_config
+from tuner.study import Study, StudyRecord
+from tuner.study.guided import study_history
+from tuner.trial import TrialContext, TrialOutcome
+
+LAUNCHES = 8
+"""Screening trials per driver (controls come on top): the prior's picks, then the corrected model's."""
+TRUTH_SEED = 3
+NODE = NodeIdentity(hostname="node-a", gpu_model="GH200", gpu_count=4, driver=None, vllm_version="0.32.0",
+                    cpu_model="grace", cpu_count=72)
+Truth = Callable[[ServeConfig], Any]
+
+
+@pytest.fixture(scope="module")
+def truth() -> Callable[[Study], Truth]:
+    """The independent emulated node over a study's own table: configuration → its (seeded) measurement."""
+    search_truth = load_benchmark("search_truth")
+    made: dict[str, Any] = {}
+
+    def for_study(study: Study) -> Truth:
+        guided = study.guided_search(study.optuna_study())
+        assert guided is not None, "the study runs --prior model"
+        table = guided.predictor.table
+        if "truth" not in made:
+            made["truth"] = search_truth.make_independent_truth(table, guided.predictor.objective, TRUTH_SEED)
+        node = made["truth"]
+
+        def measure(config: ServeConfig) -> Any:
+            point = table.index_of[config.key()]
+            return node.measure(point, np.random.default_rng(point))  # the same figures for every driver
+
+        return measure
+
+    return for_study
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, measure: Truth) -> list[str]:
+    """Launches measured on the truth; returns the keys launched, in order."""
+    launched: list[str] = []
+    lock = threading.Lock()
+
+    def run_on_truth(ctx: TrialContext, config: ServeConfig, tdir: Path, **_: Any) -> TrialOutcome:
+        return _outcome(ctx, config, tdir, measure(config), launched, lock)
+
+    monkeypatch.setattr(step_mod, "run_trial", run_on_truth)
+    return launched
+
+
+def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, m: Any, launched: list[str],
+             lock: threading.Lock) -> TrialOutcome:
+    with lock:
+        launched.append(config.key())
+    tdir.mkdir(parents=True, exist_ok=True)
+    names = constraint_names(ctx.objective)
+    started = m.launched and m.failure_class != "oom"
+    if m.figures is None:
+        return TrialOutcome(ok=False, value=failed_score(ctx.objective).value, constraints=tuple(1.0 for _ in names),
+                            failure_class=m.failure_class, reason=f"{m.failure_class} on the emulated node",
+                            summary={}, server_metrics={}, ready_s=1.0 if started else None, duration_s=60.0,
+                            trial_dir=str(tdir), config_key=config.key())
+    summary = {"output_throughput": m.figures["output_tok_s"], "p95_ttft_ms": m.figures["ttft_p95_ms"],
+               "p95_itl_ms": m.figures["itl_p95_ms"], "max_concurrency": m.concurrency}
+    margins = (*m.margins, -1.0, -1.0)  # the SLOs, then failed_fraction and trial_ran
+    return TrialOutcome(ok=True, value=m.value, constraints=margins[:len(names)],
+                        failure_class=m.failure_class, reason="measured on the emulated node", summary=summary,
+                        server_metrics={}, ready_s=1.0, duration_s=60.0, trial_dir=str(tdir),
+                        config_key=config.key())
+
+
+def _record(tmp_path: Path, name: str) -> StudyRecord:
+    record = synthetic_record(tmp_path, name=name, trials=LAUNCHES, hw="gh200x4", seed=0)
+    assert record.prior == "model"
+    return record.model_copy(update={"guards": []})
+
+
+def _learnt_from_every_launch(ostudy: optuna.Study) -> list[dict[str, Any]]:
+    """The model's view after each launch, checked to cover every launch (controls included)."""
+    launched = sorted(t.number for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                      if t.user_attrs.get("launched", True) and "duplicate_of" not in t.user_attrs)
+    history = study_history(ostudy)
+    assert [h["trial"] for h in history] == launched, "the guide learnt from every launch, and only once"
+    assert all(h["correction"] for h in history)
+    return history
+
+
+def _factors(history: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    return {c["factor"]: c for c in history[-1]["correction"]}
+
+
+# -- the three drivers ---------------------------------------------------------------------------------------
+def _local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truth: Callable[[Study], Truth]) -> optuna.Study:
+    study = Study.create(_record(tmp_path / "local", "local"), tmp_path / "local" / "runs")
+    _install(monkeypatch, truth(study))
+    return study.run()
+
+
+def _workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truth: Callable[[Study], Truth],
+             pg_url: str) -> optuna.Study:
+    name = f"round-{uuid.uuid4().hex[:8]}"
+    runs = tmp_path / "workers" / "runs"
+    record = _record(tmp_path / "workers", name)
+    storage = make_storage(pg_url, heartbeat_interval_s=5, grace_period_s=60)
+    first = open_shared(name, runs, storage, url=pg_url, create=record)
+    _install(monkeypatch, truth(first))
+    errors: list[BaseException] = []
+
+    def work(worker_id: str) -> None:
+        try:
+            shared = open_shared(name, runs, make_storage(pg_url, heartbeat_interval_s=5, grace_period_s=60),
+                                 url=pg_url)
+            Worker(shared, WorkerOptions(worker_id=worker_id, heartbeat_interval_s=5), url=pg_url,
+                   identity=NODE).run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    ostudy = optuna.load_study(study_name=name, storage=storage)
+    workers = {t.user_attrs.get("worker_id") for t in ostudy.get_trials(states=(TrialState.COMPLETE,))
+               if t.user_attrs.get("launched", True) and "duplicate_of" not in t.user_attrs}
+    assert workers == {"w1", "w2"}, "both workers launched"
+    return ostudy
+
+
+def _ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truth: Callable[[Study], Truth]) -> optuna.Study:
+    pytest.importorskip("ray.tune")
+    import json
+
+    from ray.tune.search import Searcher
+
+    from tuner.backends.ray import make_searcher
+
+    study = Study.create(_record(tmp_path / "ray", "ray"), tmp_path / "ray" / "runs")
+    ostudy = study.optuna_study()
+    study.prepare_queue(ostudy)
+    measure = truth(study)
+    ctx = study.context()
+    searcher, finish = make_searcher(study, study.round(ostudy, ctx), LAUNCHES)
+    in_flight: list[tuple[str, dict[str, Any]]] = []
+    launched: list[str] = []
+    lock = threading.Lock()
+    for i in range(200):  # two nodes: a trial completes once two are in flight, or Tune has nothing new
+        shipped = searcher.suggest(f"t{i}")
+        if shipped == Searcher.FINISHED and not in_flight:
+            break
+        if isinstance(shipped, dict):
+            in_flight.append((f"t{i}", shipped))
+        if len(in_flight) == 2 or (not isinstance(shipped, dict) and in_flight):
+            trial_id, done = in_flight.pop(0)
+            config = build_config(study.profile, done["params"])
+            tdir = study.path / "trials" / f"{done['trial_number']:04d}"
+            outcome = _outcome(ctx, config, tdir, measure(config), launched, lock)
+            searcher.on_trial_complete(trial_id, {
+                "node": json.dumps(NODE.to_json()), "gpu_ids": "[]", "ray_node_id": "n1", "attempt": 1,
+                "value": outcome.value, "outcome": json.dumps(outcome.to_json(), default=str)})
+    assert finish() is None
+    return ostudy
+
+
+def test_every_driver_learns_the_same_correction_from_every_launch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truth: Callable[[Study], Truth], pg_url: str) -> None:
+    histories = {
+        "local": _learnt_from_every_launch(_local(tmp_path, monkeypatch, truth)),
+        "2 PostgreSQL workers": _learnt_from_every_launch(_workers(tmp_path, monkeypatch, truth, pg_url)),
+        "ray": _learnt_from_every_launch(_ray(tmp_path, monkeypatch, truth)),
+    }
+    for name, history in histories.items():
+        assert len(history) >= LAUNCHES, f"{name}: {len(history)} launches learnt from"
+    factors = {name: _factors(h) for name, h in histories.items()}
+    names = set.intersection(*(set(f) for f in factors.values()))
+    assert names, "the drivers fitted the same factors"
+    for factor in sorted(names):
+        # within the noise of one another: two drivers' multipliers differ by less than twice the spread of
+        # their difference (each fit's 68 % interval, on the log scale, as its sd)
+        fits = {d: (math.log(float(f[factor]["multiplier"])),
+                    (math.log(float(f[factor]["high"])) - math.log(float(f[factor]["low"]))) / 2)
+                for d, f in factors.items()}
+        for a, (la, sa) in fits.items():
+            for b, (lb, sb) in fits.items():
+                assert abs(la - lb) <= 2 * math.hypot(sa, sb), (
+                    f"{factor}: {a} fitted ×{math.exp(la):.3f} (sd {sa:.3f}), {b} ×{math.exp(lb):.3f} (sd {sb:.3f})")
+    for history in histories.values():  # the model was corrected: factors moved off 1 by what the launches said
+        assert any(not math.isclose(float(c["multiplier"]), 1.0, abs_tol=1e-3) for c in history[-1]["correction"])
