@@ -211,7 +211,7 @@ class _Quiet:
 
 
 def test_an_emulated_decode_member_receives_the_prompt_and_computes_only_its_last_token() -> None:
-    from tuner.engines.emulated import NOMINAL, EmulatedConfig, node_model, node_spec
+    from tuner.perfmodel import NOMINAL, EmulatedConfig, node_model, node_spec
 
     profile = load_profile("h200x8")
     config = EmulatedConfig.from_options({"data-parallel-size": 1, "tensor-parallel-size": 4, "block-size": 256,
@@ -235,7 +235,7 @@ def test_an_emulated_decode_member_receives_the_prompt_and_computes_only_its_las
 
 
 def test_the_prior_ranks_layouts_and_more_prefill_serves_more_prompts(h200: Any) -> None:
-    from tuner.engines.emulated import NOMINAL
+    from tuner.perfmodel import NOMINAL
     from tuner.predict import space_table
     from tuner.predict.disagg import pd_bench
     from tuner.predict.fluid import Shape
