@@ -19,10 +19,8 @@ ROOT = Path(__file__).resolve().parents[2] / "tuner"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (room, module prefixes), top first; a module may import its own layer and the layers below it.
     ("cli", ("tuner.cli",)),
-    ("drivers and outputs", ("tuner.backends.worker", "tuner.backends.ray", "tuner.export", "tuner.report",
-                             "tuner.verify", "tuner.night")),
+    ("drivers and outputs", ("tuner.backends", "tuner.export", "tuner.report", "tuner.verify", "tuner.night")),
     ("study", ("tuner.study",)),
-    ("storage and node", ("tuner.backends",)),
     ("trial", ("tuner.trial",)),
     ("predict", ("tuner.predict",)),
     ("search and engines", ("tuner.search", "tuner.engines")),
@@ -37,7 +35,7 @@ OPTUNA_FREE = ("trial", "predict", "search and engines", "perfmodel", "profile a
                "shared")
 """Layers that never import Optuna: one trial runs without it."""
 OPTUNA_INTERNALS = re.compile(r"\._storage\b|\._trial_id\b|\._study_id\b|\._ot_")
-STORAGE_BACKEND = "tuner.backends.storage"
+STORAGE_BACKEND = "tuner.study.storage"
 
 
 @dataclass
@@ -265,9 +263,13 @@ def test_the_cycle_check_sees_cycles(tmp_path: Path, files: dict[str, str], cycl
     ({"__init__.py": "", "study/__init__.py": "", "study/x.py": "import tuner.backends.worker\n",
       "backends/__init__.py": "", "backends/worker.py": ""},
      ["tuner.study.x (study) imports tuner.backends.worker (drivers and outputs)"]),
+    ({"__init__.py": "", "study/__init__.py": "", "study/x.py": "from tuner.backends import node\n",
+      "backends/__init__.py": "", "backends/node.py": ""},
+     ["tuner.study.x (study) imports tuner.backends.node (drivers and outputs)"]),
     ({"__init__.py": "", "perfmodel/__init__.py": "", "perfmodel/x.py": "from tuner.search.feasibility import f\n",
       "search/__init__.py": "", "search/feasibility.py": "f = 1\n"}, []),
-], ids=["perfmodel over engines", "perfmodel over search's top", "study over a driver", "perfmodel over feasibility"])
+], ids=["perfmodel over engines", "perfmodel over search's top", "study over a driver",
+                              "study over node identity", "perfmodel over feasibility"])
 def test_the_upward_check_sees_an_upward_import(tmp_path: Path, files: dict[str, str], upward: list[str]) -> None:
     assert _upward(_fake(tmp_path, files)) == upward
 

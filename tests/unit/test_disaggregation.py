@@ -305,7 +305,7 @@ def test_a_baseline_without_a_layout_is_enqueued_as_one_server(h200: Any) -> Non
     say ``aggregated`` (a rehearsal launched recipe-tp8 as a random layout before it did)."""
     import optuna
 
-    from tuner.backends.storage import ask_fixed
+    from tuner.study.storage import ask_fixed
 
     values = _baseline(h200, "recipe-tp8")
     assert values[DISAGG_PARAM] == "aggregated"

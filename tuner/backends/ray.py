@@ -47,13 +47,13 @@ from optuna.trial import TrialState
 
 from tuner import store
 from tuner.backends.node import REFERENCE_ATTR, NodeIdentity, check_node, node_identity
-from tuner.backends.storage import shared_sampler
 from tuner.backends.worker import OnMismatch
 from tuner.errors import SearchStalledError, UsageError
 from tuner.objective import failed_score
 from tuner.search.space import build_config
 from tuner.study import Proposal, Study, StudyLock, StudyRecord, TrialStep
 from tuner.study.ranking import launched_keys, launched_numbers
+from tuner.study.storage import shared_sampler
 from tuner.study.study import storage_for_record
 from tuner.trial import TrialOutcome, run_trial
 

@@ -2,6 +2,8 @@
 
     study.py      Study: the folder, its snapshots, its Optuna study, the trial context; runs the local driver
     record.py     StudyRecord (``study.json``), StudyLock, new_record
+    storage.py    the Optuna side: storage URLs, RDB storage with heartbeats, samplers, trials created
+                  RUNNING (``ask_fixed``); the one module that touches Optuna's internals
     step.py       TrialStep: propose, screen duplicates, learn KV, control first, pre-launch, launch, record
     local.py      LocalLoop: the local driver (one node, one trial at a time), then confirmation
     guided.py     GuidedSearch: ``--prior model`` (the performance model proposes, each launch corrects it)
@@ -9,7 +11,8 @@
     ranking.py    reading the trials: launched, running, feasible, best; the trials table
     progress.py   Progress: what the CLI shows
 
-Only ``study/`` and ``backends/`` import Optuna; a single trial (:mod:`tuner.trial`) runs without it.
+Only ``study/`` and the rooms above it import Optuna; a single trial (:mod:`tuner.trial`) runs without it.
+The drivers beyond this node (``tuner.backends``) are one floor above: nothing here imports them.
 """
 
 from __future__ import annotations
@@ -29,12 +32,26 @@ from tuner.study.ranking import (
 )
 from tuner.study.record import StudyLock, StudyRecord, new_record, resolve_model, vocab_size_of
 from tuner.study.step import MAX_DUPLICATES_IN_A_ROW, MAX_REFUSED_IN_A_ROW, PRUNED_LOG, Proposal, TrialStep, learn_kv
+from tuner.study.storage import (
+    STORAGE_ENV,
+    ask_fixed,
+    heartbeat,
+    make_sampler,
+    make_storage,
+    mask_url,
+    resolve_storage_url,
+    retried_trial_number,
+    shared_sampler,
+    sqlite_url,
+    study_exists,
+)
 from tuner.study.study import Study, storage_for_record
 
 __all__ = [
     "MAX_DUPLICATES_IN_A_ROW",
     "MAX_REFUSED_IN_A_ROW",
     "PRUNED_LOG",
+    "STORAGE_ENV",
     "ConfirmSpec",
     "Confirmation",
     "ConfirmationPhase",
@@ -46,17 +63,27 @@ __all__ = [
     "StudyRecord",
     "TrialStep",
     "Winner",
+    "ask_fixed",
     "best_feasible_trial",
     "feasible_trials",
+    "heartbeat",
     "judge",
     "launched_keys",
     "launched_numbers",
     "learn_kv",
+    "make_sampler",
+    "make_storage",
+    "mask_url",
     "new_record",
     "pick_winner",
     "resolve_model",
+    "resolve_storage_url",
+    "retried_trial_number",
     "running_keys",
+    "shared_sampler",
+    "sqlite_url",
     "storage_for_record",
+    "study_exists",
     "time_for_another",
     "trials_frame",
     "vocab_size_of",
