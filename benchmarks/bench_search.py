@@ -51,7 +51,6 @@ sys.path.insert(0, str(HERE.parent))
 
 import search_truth  # noqa: E402
 
-from tuner.backends.storage import ask_fixed, make_sampler  # noqa: E402
 from tuner.objective import Objective, constraint_names  # noqa: E402
 from tuner.predict import Guide, ObjectiveModel, Predictor, space_table, wave_bench  # noqa: E402
 from tuner.predict.steptime import coefficient_arrays  # noqa: E402
@@ -60,6 +59,7 @@ from tuner.search.envelope import objective_for  # noqa: E402
 from tuner.search.profile import TOPOLOGY_PARAM, HardwareProfile, bind_checkpoint, draw_order, load_profile  # noqa: E402
 from tuner.search.space import build_config, suggest  # noqa: E402
 from tuner.study.guided import GuidedSearch  # noqa: E402
+from tuner.study.storage import ask_fixed, make_sampler  # noqa: E402
 
 NODES = ("gh200x4", "h200x8")
 TARGETS = (0.90, 0.95, 0.98)

@@ -1,7 +1,7 @@
 """The search benchmark's node: the emulated DSV4-Flash node whose truth the tuner's prior does not know.
 
 For a hardware profile and a seed, :func:`make_truth` draws the node's true constants away from the
-model's (:func:`tuner.engines.emulated.perturbed`: every kernel, backend and link efficiency off by
+model's (:func:`tuner.perfmodel.perturbed`: every kernel, backend and link efficiency off by
 up to ±30 %, the Humming W4A8 backend's gain missing, one kind of communication twice as costly:
 all2all on even seeds, the TP allreduce on odd ones) and tabulates what every launch of the profile
 would measure on it, with the emulated node's own failure and trap tables (:mod:`tuner.engines.emulated.truth`).
@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from tuner.engines.emulated import Coefficients, truth_from_seed
 from tuner.engines.emulated import Truth as NodeTruth
+from tuner.engines.emulated import truth_from_seed
+from tuner.perfmodel import Coefficients
 from tuner.predict.fluid import startup_ok
 from tuner.predict.steptime import coefficient_arrays
 from tuner.predict.surface import ObjectiveModel, StepFigures, ladder, step_figures

@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tuner.engines.emulated import nominal_truth  # noqa: E402
-from tuner.engines.emulated.serve_config import EmulatedConfig  # noqa: E402
+from tuner.perfmodel.serve_config import EmulatedConfig  # noqa: E402
 
 TRAP = {"moe-backend": "humming", "all2all-backend": "deepep_low_latency"}
 """The emulator's ``humming-deepep-ll-scales`` trap (docs/emulator.md, "Truth and prior")."""

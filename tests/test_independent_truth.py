@@ -1,5 +1,5 @@
-"""The independent truth (issue 24): isolated from tuner/predict/ both ways, calibrated to the blog, and
-with the effects the prior does not write down."""
+"""The independent truth (issue 24): isolated from tuner/predict/ and tuner/perfmodel/ both ways, calibrated to
+the blog, and with the effects the prior does not write down."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tuner.engines.emulated.independent import NOMINAL, calibration_points, draw
 ROOT = Path(__file__).resolve().parents[1]
 INDEPENDENT = ROOT / "tuner" / "engines" / "emulated" / "independent"
 PREDICT = ROOT / "tuner" / "predict"
+PERFMODEL = ROOT / "tuner" / "perfmodel"
 
 
 def _imports(folder: Path) -> set[str]:
@@ -28,7 +29,7 @@ def _imports(folder: Path) -> set[str]:
     return names
 
 
-def test_independent_model_imports_nothing_from_predict_or_the_emulated_model() -> None:
+def test_independent_model_imports_nothing_from_predict_or_the_performance_model() -> None:
     own = "tuner.engines.emulated.independent"
     bad = {n for n in _imports(INDEPENDENT) if n.startswith("tuner.") and not n.startswith(own)}
     assert bad == set()
@@ -36,6 +37,10 @@ def test_independent_model_imports_nothing_from_predict_or_the_emulated_model() 
 
 def test_predict_imports_nothing_from_the_independent_model() -> None:
     assert {n for n in _imports(PREDICT) if "independent" in n} == set()
+
+
+def test_the_performance_model_imports_nothing_from_the_independent_model() -> None:
+    assert {n for n in _imports(PERFMODEL) if "independent" in n} == set()
 
 
 def test_calibrated_to_the_gh200x4_blog() -> None:

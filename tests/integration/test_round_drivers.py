@@ -30,12 +30,12 @@ from optuna.trial import TrialState
 import tuner.study.step as step_mod
 from tests.conftest import load_benchmark, synthetic_record
 from tuner.backends.node import NodeIdentity
-from tuner.backends.storage import make_storage
 from tuner.backends.worker import Worker, WorkerOptions, open_shared
 from tuner.objective import constraint_names, failed_score
 from tuner.search.space import ServeConfig, build_config
 from tuner.study import Study, StudyRecord
 from tuner.study.guided import study_history
+from tuner.study.storage import make_storage
 from tuner.trial import TrialContext, TrialOutcome
 
 LAUNCHES = 8

@@ -25,9 +25,9 @@ from optuna.trial import TrialState
 
 from tests.conftest import REPO
 from tuner.backends.node import REFERENCE_ATTR, NodeIdentity
-from tuner.backends.storage import make_storage, mask_url, resolve_storage_url
 from tuner.backends.worker import Worker, WorkerOptions, open_shared
 from tuner.engines.process import PID_FILE, group_alive
+from tuner.study.storage import make_storage, mask_url, resolve_storage_url
 
 PROFILE = {
     "name": "cpu-scaleout",

@@ -19,21 +19,23 @@ ROOT = Path(__file__).resolve().parents[2] / "tuner"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (room, module prefixes), top first; a module may import its own layer and the layers below it.
     ("cli", ("tuner.cli",)),
-    ("drivers and outputs", ("tuner.backends.worker", "tuner.backends.ray", "tuner.export", "tuner.report",
-                             "tuner.verify", "tuner.night")),
+    ("drivers and outputs", ("tuner.backends", "tuner.export", "tuner.report", "tuner.verify", "tuner.night")),
     ("study", ("tuner.study",)),
-    ("storage and node", ("tuner.backends",)),
     ("trial", ("tuner.trial",)),
     ("predict", ("tuner.predict",)),
     ("search and engines", ("tuner.search", "tuner.engines")),
+    ("perfmodel", ("tuner.perfmodel",)),
+    ("profile and memory model", ("tuner.search.profile", "tuner.search.checkpoints", "tuner.search.space",
+                                  "tuner.search.pools", "tuner.search.feasibility")),
     ("guards and load", ("tuner.guards", "tuner.load")),
     ("shared", ("tuner.objective", "tuner.failures", "tuner.store", "tuner.catalog", "tuner.errors",
                 "tuner.demo_model")),
 )
-OPTUNA_FREE = ("trial", "predict", "search and engines", "guards and load", "shared")
+OPTUNA_FREE = ("trial", "predict", "search and engines", "perfmodel", "profile and memory model", "guards and load",
+               "shared")
 """Layers that never import Optuna: one trial runs without it."""
 OPTUNA_INTERNALS = re.compile(r"\._storage\b|\._trial_id\b|\._study_id\b|\._ot_")
-STORAGE_BACKEND = "tuner.backends.storage"
+STORAGE_BACKEND = "tuner.study.storage"
 
 
 @dataclass
@@ -176,9 +178,9 @@ def test_no_module_uses_another_packages_private_names() -> None:
     assert crossings == []
 
 
-def test_imports_go_down_the_rooms_only() -> None:
+def _upward(modules: dict[str, Module]) -> list[str]:
     upward = []
-    for module in MODULES.values():
+    for module in modules.values():
         own = _layer(module.name)
         if own is None:  # the root door re-exports from every room
             continue
@@ -186,7 +188,23 @@ def test_imports_go_down_the_rooms_only() -> None:
             theirs = _layer(target)
             if theirs is not None and theirs < own:
                 upward.append(f"{module.name} ({LAYERS[own][0]}) imports {target} ({LAYERS[theirs][0]})")
-    assert upward == []
+    return upward
+
+
+def test_imports_go_down_the_rooms_only() -> None:
+    assert _upward(MODULES) == []
+
+
+def _prior_into_engines(modules: dict[str, Module]) -> list[str]:
+    return sorted(f"{m.name} imports {target}" for m in modules.values()
+                  if m.name == "tuner.predict" or m.name.startswith("tuner.predict.")
+                  for target in m.imports if target == "tuner.engines" or target.startswith("tuner.engines."))
+
+
+def test_the_prior_reads_the_performance_model_not_the_emulator() -> None:
+    """``predict/`` imports nothing of ``engines/`` (it sits over them, so the rooms alone would let it): the
+    emulated node is one more user of the performance model (``perfmodel/``), not where the prior gets it."""
+    assert _prior_into_engines(MODULES) == []
 
 
 def test_optuna_internals_stay_in_the_storage_backend() -> None:
@@ -233,6 +251,35 @@ def _fake(tmp_path: Path, files: dict[str, str]) -> dict[str, Module]:
 ], ids=["through a door", "own door", "function level"])
 def test_the_cycle_check_sees_cycles(tmp_path: Path, files: dict[str, str], cyclic: bool) -> None:
     assert bool(_cycles(_fake(tmp_path, files))) is cyclic
+
+
+@pytest.mark.parametrize(("files", "upward"), [
+    ({"__init__.py": "", "perfmodel/__init__.py": "", "perfmodel/x.py": "from tuner.engines.emulated import y\n",
+      "engines/__init__.py": "", "engines/emulated/__init__.py": "", "engines/emulated/y.py": ""},
+     ["tuner.perfmodel.x (perfmodel) imports tuner.engines.emulated.y (search and engines)"]),
+    ({"__init__.py": "", "perfmodel/__init__.py": "", "perfmodel/x.py": "def f():\n    from tuner.search import plan\n",
+      "search/__init__.py": "", "search/plan.py": ""},
+     ["tuner.perfmodel.x (perfmodel) imports tuner.search.plan (search and engines)"]),
+    ({"__init__.py": "", "study/__init__.py": "", "study/x.py": "import tuner.backends.worker\n",
+      "backends/__init__.py": "", "backends/worker.py": ""},
+     ["tuner.study.x (study) imports tuner.backends.worker (drivers and outputs)"]),
+    ({"__init__.py": "", "study/__init__.py": "", "study/x.py": "from tuner.backends import node\n",
+      "backends/__init__.py": "", "backends/node.py": ""},
+     ["tuner.study.x (study) imports tuner.backends.node (drivers and outputs)"]),
+    ({"__init__.py": "", "perfmodel/__init__.py": "", "perfmodel/x.py": "from tuner.search.feasibility import f\n",
+      "search/__init__.py": "", "search/feasibility.py": "f = 1\n"}, []),
+], ids=["perfmodel over engines", "perfmodel over search's top", "study over a driver",
+                              "study over node identity", "perfmodel over feasibility"])
+def test_the_upward_check_sees_an_upward_import(tmp_path: Path, files: dict[str, str], upward: list[str]) -> None:
+    assert _upward(_fake(tmp_path, files)) == upward
+
+
+def test_the_prior_check_sees_predict_import_an_engine(tmp_path: Path) -> None:
+    modules = _fake(tmp_path, {"__init__.py": "", "predict/__init__.py": "",
+                               "predict/x.py": "def f():\n    from tuner.engines.emulated import y\n",
+                               "engines/__init__.py": "", "engines/emulated/__init__.py": "",
+                               "engines/emulated/y.py": ""})
+    assert _prior_into_engines(modules) == ["tuner.predict.x imports tuner.engines.emulated.y"]
 
 
 def test_the_private_check_sees_a_private_name_across_packages(tmp_path: Path) -> None:

@@ -211,7 +211,7 @@ class _Quiet:
 
 
 def test_an_emulated_decode_member_receives_the_prompt_and_computes_only_its_last_token() -> None:
-    from tuner.engines.emulated import NOMINAL, EmulatedConfig, node_model, node_spec
+    from tuner.perfmodel import NOMINAL, EmulatedConfig, node_model, node_spec
 
     profile = load_profile("h200x8")
     config = EmulatedConfig.from_options({"data-parallel-size": 1, "tensor-parallel-size": 4, "block-size": 256,
@@ -235,7 +235,7 @@ def test_an_emulated_decode_member_receives_the_prompt_and_computes_only_its_las
 
 
 def test_the_prior_ranks_layouts_and_more_prefill_serves_more_prompts(h200: Any) -> None:
-    from tuner.engines.emulated import NOMINAL
+    from tuner.perfmodel import NOMINAL
     from tuner.predict import space_table
     from tuner.predict.disagg import pd_bench
     from tuner.predict.fluid import Shape
@@ -305,7 +305,7 @@ def test_a_baseline_without_a_layout_is_enqueued_as_one_server(h200: Any) -> Non
     say ``aggregated`` (a rehearsal launched recipe-tp8 as a random layout before it did)."""
     import optuna
 
-    from tuner.backends.storage import ask_fixed
+    from tuner.study.storage import ask_fixed
 
     values = _baseline(h200, "recipe-tp8")
     assert values[DISAGG_PARAM] == "aggregated"

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.engines.emulated import EmulatedConfig, EmulatorSettings, SettingsError, Truth, Units, nominal_truth
+from tuner.engines.emulated import EmulatorSettings, SettingsError, Truth, Units, nominal_truth
 from tuner.engines.emulated.dsv4_output import build_chat_output
 from tuner.engines.emulated.pseudo_model import Numerics, PseudoModel
 from tuner.engines.emulated.responder import garble, respond
 from tuner.engines.emulated.tokenizer import TOKENIZER, VOCAB_SIZE
+from tuner.perfmodel import EmulatedConfig
 
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather forecast for a city.",

@@ -12,17 +12,8 @@ from typing import Any
 
 import pytest
 
-from tuner.engines.emulated import (
-    NOMINAL,
-    BenchmarkShape,
-    EmulatedConfig,
-    EngineBatch,
-    capacity,
-    node_model,
-    perturbed,
-    predict,
-    step_time,
-)
+from tuner.engines.emulated import BenchmarkShape, predict
+from tuner.perfmodel import NOMINAL, EmulatedConfig, EngineBatch, capacity, node_model, perturbed, step_time
 from tuner.search.checkpoints import load_checkpoint
 from tuner.search.profile import HardwareProfile, load_profile
 

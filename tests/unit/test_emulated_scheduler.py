@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from tuner.engines.emulated import NOMINAL, EmulatedConfig, node_model
 from tuner.engines.emulated.kv_pool import KvPool, chain_hashes
 from tuner.engines.emulated.scheduler import Group, Node
+from tuner.perfmodel import NOMINAL, EmulatedConfig, node_model
 from tuner.search.checkpoints import load_checkpoint
 from tuner.search.profile import load_profile
 

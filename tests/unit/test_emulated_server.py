@@ -24,12 +24,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tuner.engines.emulated import NOMINAL, EmulatedConfig, capacity
 from tuner.engines.emulated import cli as emulator_cli
 from tuner.engines.emulated.vllm_cli import build_parser
 from tuner.engines.process import free_port
 from tuner.engines.vllm.logs import kv_tokens_from_log
 from tuner.load.stream import Stream, take_line
+from tuner.perfmodel import NOMINAL, EmulatedConfig, capacity
 from tuner.search.checkpoints import load_checkpoint
 from tuner.search.profile import load_profile
 

@@ -9,9 +9,10 @@ import random
 import numpy as np
 import pytest
 
-from tuner.engines.emulated import NOMINAL, BenchmarkShape, EngineBatch, node_model, perturbed, predict
-from tuner.engines.emulated import step_time as reference_step_time
+from tuner.engines.emulated import BenchmarkShape, predict
 from tuner.objective import Objective, Workload
+from tuner.perfmodel import NOMINAL, EngineBatch, node_model, perturbed
+from tuner.perfmodel import step_time as reference_step_time
 from tuner.predict import ObjectiveModel, Observation, Predictor, fit, space_table, wave_bench
 from tuner.predict.correction import factors_for
 from tuner.predict.steptime import Batch, coefficient_arrays, step_time

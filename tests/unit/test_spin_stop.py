@@ -23,13 +23,13 @@ from optuna.trial import TrialState
 import tuner.study.step as step_mod
 from tests.conftest import synthetic_record
 from tuner.backends.node import NodeIdentity
-from tuner.backends.storage import make_storage
 from tuner.backends.worker import Worker, WorkerOptions, open_shared
 from tuner.errors import SearchStalledError
 from tuner.objective import constraint_names
 from tuner.search import feasibility
 from tuner.search.space import ServeConfig, build_config
 from tuner.study import MAX_REFUSED_IN_A_ROW, PRUNED_LOG, Study
+from tuner.study.storage import make_storage
 from tuner.trial import TrialContext, TrialOutcome
 
 SPIN_LIMIT = MAX_REFUSED_IN_A_ROW
@@ -301,7 +301,7 @@ def test_the_ray_searcher_learns_from_an_oom_under_load_and_a_failed_start(
 
 def test_a_resumed_study_remembers_a_base_that_failed_to_start(
         tmp_path: Path, launches: Callable[[Node], list[ServeConfig]]) -> None:
-    from tuner.backends.storage import ask_fixed
+    from tuner.study.storage import ask_fixed
 
     study = _study(tmp_path, trials=1)
     study.optuna_study().enqueue_trial(HANGS)

@@ -13,10 +13,10 @@ from optuna.trial import TrialState
 import tuner.study.step as step_mod
 from tests.conftest import synthetic_outcome, synthetic_record
 from tuner.backends.node import NodeIdentity
-from tuner.backends.storage import ask_fixed, make_storage
 from tuner.backends.worker import SharedStudy, Worker, WorkerOptions, open_shared
 from tuner.search.space import ServeConfig, suggest
 from tuner.study import Study
+from tuner.study.storage import ask_fixed, make_storage
 from tuner.trial import TrialContext, TrialOutcome
 
 NODE = NodeIdentity(hostname="node-a", gpu_model=None, gpu_count=0, driver=None, vllm_version="0.32.0",

@@ -47,7 +47,6 @@ from optuna.trial import TrialState
 
 from tuner import store
 from tuner.backends.node import REFERENCE_ATTR, NodeIdentity, check_node, node_identity
-from tuner.backends.storage import shared_sampler
 from tuner.backends.worker import OnMismatch
 from tuner.errors import SearchStalledError, UsageError
 from tuner.objective import failed_score
@@ -55,6 +54,7 @@ from tuner.search.space import build_config
 from tuner.study import Proposal, Study, StudyLock, StudyRecord
 from tuner.study.ranking import launched_numbers
 from tuner.study.round import Round
+from tuner.study.storage import shared_sampler
 from tuner.study.study import storage_for_record
 from tuner.trial import TrialOutcome, run_trial
 

@@ -39,11 +39,11 @@ import optuna
 
 from tuner import store
 from tuner.backends.node import NodeIdentity, check_node, node_identity
-from tuner.backends.storage import heartbeat, make_storage, mask_url, resolve_storage_url, shared_sampler, study_exists
 from tuner.errors import NodeMismatchError, SearchStalledError, StudyError
 from tuner.study import Progress, Proposal, Study, StudyLock, StudyRecord
 from tuner.study.ranking import launched_numbers, time_for_another
 from tuner.study.round import ProgressSeat, Round
+from tuner.study.storage import heartbeat, make_storage, mask_url, resolve_storage_url, shared_sampler, study_exists
 
 __all__ = ["LABEL_OF_ATTR", "OnMismatch", "SharedStudy", "Worker", "WorkerOptions", "labelled_sibling",
            "launch_lock", "open_shared", "publish", "run_worker"]

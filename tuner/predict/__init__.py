@@ -3,7 +3,7 @@
     table.py       a hardware profile's whole space as a table: every point, the pre-launch verdict,
                    the physics each launch runs (:func:`space_table`)
     steptime.py    the emulated node's step time for many launches at once (numpy; the same seconds
-                   as :func:`tuner.engines.emulated.step_time`)
+                   as :func:`tuner.perfmodel.step_time`)
     fluid.py       what a closed-loop benchmark measures on each launch: a wave model over the step time
     surface.py     an objective's value under its SLOs, through its ladder (:class:`ObjectiveModel`)
     correction.py  the correction factors refitted after each launch (backend, topology, speculation, node)
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import functools
 
-from tuner.engines.emulated import UnknownDeviceError
 from tuner.objective import Objective
+from tuner.perfmodel import UnknownDeviceError
 from tuner.predict import disagg as _disagg  # noqa: F401 - registers the prefill/decode model with the wave model
 from tuner.predict.correction import Correction, Factor, Observation, factors_for, fit
 from tuner.predict.fluid import Shape, WaveFigures, wave_bench

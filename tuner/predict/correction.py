@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.engines.emulated import Coefficients
+from tuner.perfmodel import Coefficients
 from tuner.predict.fluid import wave_bench
 from tuner.predict.steptime import coefficient_arrays
 from tuner.predict.surface import ObjectiveModel

@@ -10,7 +10,7 @@ engines (DP × instances) and decode pool ``D``:
   time of the prefill member, :func:`tuner.predict.steptime.step_time`), so the pool serves
   ``μ_p = P·B / (I·t_p)`` requests a second; one request alone takes ``⌈I/B⌉·t_p``;
 - **transfer**: ``T_x`` = a fixed cost + ``I`` tokens of KV over one GPU's link at the efficiency the
-  emulated node assumes (:mod:`tuner.engines.emulated.disagg`);
+  emulated node assumes (:mod:`tuner.perfmodel.transfer`);
 - **decode**: each engine runs ``n`` requests (its seats, its KV, the clients it gets) in steps of
   ``t_d(n)``; a request decodes ``(O − 1)/τ`` steps, so the pool serves ``μ_d = D·n / ((1 + (O − 1)/τ)·t_d)``;
 - **the loop**: throughput ``X = min(μ_p, μ_d, c / (T_p + T_x + T_d))``, solved with ``n = X·T_d / D``
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tuner.engines.emulated.architecture import ATTENTION_CONTEXT_CAP_TOKENS
-from tuner.engines.emulated.disagg import TRANSFER_EFFICIENCY, TRANSFER_LATENCY_S
+from tuner.perfmodel.architecture import ATTENTION_CONTEXT_CAP_TOKENS
+from tuner.perfmodel.transfer import TRANSFER_EFFICIENCY, TRANSFER_LATENCY_S
 from tuner.predict.fluid import OVERLAYS, Shape, WaveFigures, kv_blocks
 from tuner.predict.steptime import Batch, CoefficientArrays, coefficient_arrays, step_time, tokens_per_decode
 from tuner.predict.table import PdPhysics, Physics

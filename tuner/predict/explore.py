@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.engines.emulated import Coefficients
+from tuner.perfmodel import Coefficients
 from tuner.predict.steptime import coefficient_arrays
 from tuner.predict.surface import evaluate
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.engines.emulated.architecture import ATTENTION_CONTEXT_CAP_TOKENS
+from tuner.perfmodel.architecture import ATTENTION_CONTEXT_CAP_TOKENS
 from tuner.predict.steptime import Batch, CoefficientArrays, step_time, tokens_per_decode
 from tuner.predict.table import Physics
 

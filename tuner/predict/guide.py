@@ -2,7 +2,7 @@
 
 :class:`Predictor` holds one study's model: the space as a table (:mod:`tuner.predict.table`), what
 the objective asks (:class:`~tuner.predict.surface.ObjectiveModel`), and the model's constants (the
-prior: :data:`~tuner.engines.emulated.NOMINAL`). Before the first launch it ranks every launchable
+prior: :data:`~tuner.perfmodel.NOMINAL`). Before the first launch it ranks every launchable
 point by predicted objective value under the SLOs (:meth:`Predictor.ranking`) and picks the top few,
 diverse: no two of the same topology, MoE kernel, all2all and speculation setting
 (:meth:`Predictor.diverse_top`).
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tuner.engines.emulated import NOMINAL, Coefficients
 from tuner.failures import FailureClass
+from tuner.perfmodel import NOMINAL, Coefficients
 from tuner.predict.correction import PRIOR_SD, Correction, Factor, Observation, apply, factors_for, fit
 from tuner.predict.explore import explore
 from tuner.predict.fluid import startup_ok, wave_bench

@@ -1,6 +1,6 @@
-"""The emulated node's step time (:func:`tuner.engines.emulated.step_time`), for many launches at once.
+"""The emulated node's step time (:func:`tuner.perfmodel.step_time`), for many launches at once.
 
-The same roofline, term by term (``tuner/engines/emulated/perf_model.py`` states the equations), on
+The same roofline, term by term (``tuner/perfmodel/step.py`` states the equations), on
 numpy arrays: one row per launch (:class:`~tuner.predict.table.Physics`), every DP engine running the
 same batch (the DP balancer spreads a closed-loop benchmark evenly). ``tests/unit/test_predict.py``
 checks that both give the same seconds on a sample of launches and batches, so a change to one that
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.engines.emulated import Coefficients
-from tuner.engines.emulated.architecture import (
+from tuner.perfmodel import Coefficients
+from tuner.perfmodel.architecture import (
     ATTENTION_FLOPS_PER_PAIR,
     DENSE_FLOPS_PER_TOKEN,
     EXPERTS_PER_TOKEN,

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from tuner.engines.emulated import NOMINAL, EmulatedConfig, capacity, moe_backend, node_spec
-from tuner.engines.emulated.architecture import DRAFT_ACTIVE_PARAMS
-from tuner.engines.emulated.hardware import NodeSpec
 from tuner.objective import Workload
+from tuner.perfmodel import NOMINAL, EmulatedConfig, capacity, moe_backend, node_spec
+from tuner.perfmodel.architecture import DRAFT_ACTIVE_PARAMS
+from tuner.perfmodel.hardware import NodeSpec
 from tuner.search.checkpoints import Checkpoint
 from tuner.search.feasibility import check
 from tuner.search.profile import (

@@ -1,7 +1,9 @@
-"""The study: a named folder of trials, its Optuna study, and the one trial step every driver takes.
+"""The study: a named folder of trials, its Optuna study, and the one round every driver takes.
 
     study.py      Study: the folder, its snapshots, its Optuna study, the trial context; runs the local driver
     record.py     StudyRecord (``study.json``), StudyLock, new_record
+    storage.py    the Optuna side: storage URLs, RDB storage with heartbeats, samplers, trials created
+                  RUNNING (``ask_fixed``); the one module that touches Optuna's internals
     step.py       TrialStep: the parts of a trial (propose, screen, control, refuse, launch, record, learn)
     round.py      Round: the study's one round (every driver's): propose, screen, control first, refuse,
                   launch, learn (the KV refit, start failures, the prior's correction, the stop estimate)
@@ -11,7 +13,8 @@
     ranking.py    reading the trials: launched, running, feasible, best; the trials table
     progress.py   Progress: what the CLI shows
 
-Only ``study/`` and ``backends/`` import Optuna; a single trial (:mod:`tuner.trial`) runs without it.
+Only ``study/`` and the rooms above it import Optuna; a single trial (:mod:`tuner.trial`) runs without it.
+The drivers beyond this node (``tuner.backends``) are one floor above: nothing here imports them.
 """
 
 from __future__ import annotations
@@ -32,12 +35,26 @@ from tuner.study.ranking import (
 from tuner.study.record import StudyLock, StudyRecord, new_record, resolve_model, vocab_size_of
 from tuner.study.round import Opening, ProgressSeat, Round, Seat
 from tuner.study.step import MAX_DUPLICATES_IN_A_ROW, MAX_REFUSED_IN_A_ROW, PRUNED_LOG, Proposal, TrialStep, learn_kv
+from tuner.study.storage import (
+    STORAGE_ENV,
+    ask_fixed,
+    heartbeat,
+    make_sampler,
+    make_storage,
+    mask_url,
+    resolve_storage_url,
+    retried_trial_number,
+    shared_sampler,
+    sqlite_url,
+    study_exists,
+)
 from tuner.study.study import Study, storage_for_record
 
 __all__ = [
     "MAX_DUPLICATES_IN_A_ROW",
     "MAX_REFUSED_IN_A_ROW",
     "PRUNED_LOG",
+    "STORAGE_ENV",
     "ConfirmSpec",
     "Confirmation",
     "ConfirmationPhase",
@@ -53,17 +70,27 @@ __all__ = [
     "StudyRecord",
     "TrialStep",
     "Winner",
+    "ask_fixed",
     "best_feasible_trial",
     "feasible_trials",
+    "heartbeat",
     "judge",
     "launched_keys",
     "launched_numbers",
     "learn_kv",
+    "make_sampler",
+    "make_storage",
+    "mask_url",
     "new_record",
     "pick_winner",
     "resolve_model",
+    "resolve_storage_url",
+    "retried_trial_number",
     "running_keys",
+    "shared_sampler",
+    "sqlite_url",
     "storage_for_record",
+    "study_exists",
     "time_for_another",
     "trials_frame",
     "vocab_size_of",

@@ -63,7 +63,7 @@ class StudyRecord(BaseModel):
     """``--gpu-hour-usd``: the GPU-hour price windows report ``usd_per_mtok`` at (None: the objective's own)."""
     storage: str | None = None
     """Optuna storage URL; None = SQLite in the study folder. Never holds a password on disk: see
-    :func:`tuner.backends.storage.resolve_storage_url`."""
+    :func:`tuner.study.storage.resolve_storage_url`."""
     engine: str = "vllm"
     """The engine that serves the trials (``--engine``; :mod:`tuner.engines.registry`)."""
     engine_options: dict[str, Any] = Field(default_factory=dict)

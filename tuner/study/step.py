@@ -48,7 +48,6 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import store
-from tuner.backends.storage import ask_fixed
 from tuner.errors import NodeFaultError, SearchStalledError
 from tuner.failures import START_FAILURES, FailureClass
 from tuner.objective import Objective, constraint_names, failed_score
@@ -57,6 +56,7 @@ from tuner.search.prelaunch import PreLaunch, Refusal
 from tuner.search.profile import DRAFT_TOKENS_PARAM, HardwareProfile
 from tuner.search.space import ServeConfig, build_config, suggest
 from tuner.study.lessons import CONSTRAINTS_FILE, LeverConstraint, lever_named, node_fault_key, write_constraints
+from tuner.study.storage import ask_fixed
 from tuner.trial import TrialContext, TrialOutcome, run_trial
 
 __all__ = ["MAX_DUPLICATES_IN_A_ROW", "MAX_REFUSED_IN_A_ROW", "PRUNED_LOG", "Proposal", "TrialStep", "learn_kv"]
@@ -298,7 +298,7 @@ class TrialStep:
 
         Not needed: the proposal does not speculate, or its control was launched already, or another
         worker runs it now (the proposal's equivalence gate then compares with the reference only). The
-        control is created RUNNING with fixed parameters (:func:`~tuner.backends.storage.ask_fixed`),
+        control is created RUNNING with fixed parameters (:func:`~tuner.study.storage.ask_fixed`),
         not queued and asked: in a shared study another worker could take a queued control, and the
         pair would land on two nodes.
         """

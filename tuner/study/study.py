@@ -17,7 +17,6 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import catalog, store
-from tuner.backends.storage import make_sampler, resolve_storage_url, sqlite_url
 from tuner.engines import Engine, make_engine, stop_orphans
 from tuner.errors import StudyError, UsageError
 from tuner.guards import GuardSuite, NoGuards, load_suite
@@ -41,6 +40,7 @@ from tuner.study.ranking import write_trials_table
 from tuner.study.record import SCHEMA_VERSION, StudyLock, StudyRecord, resolve_model, vocab_size_of
 from tuner.study.round import Round
 from tuner.study.step import TrialStep, learn_kv
+from tuner.study.storage import make_sampler, resolve_storage_url, sqlite_url
 from tuner.trial import TrialContext
 
 __all__ = ["Study", "storage_for_record"]
@@ -55,7 +55,7 @@ def storage_for_record(record: StudyRecord, study_path: Path) -> str:
     """The Optuna storage URL of a study: SQLite in its folder, or the shared URL of ``record.storage``.
 
     ``study.json`` keeps a shared URL with its password masked (``***``); the real one comes from
-    ``$DSV4_TUNE_STORAGE`` (see :mod:`tuner.backends.storage`).
+    ``$DSV4_TUNE_STORAGE`` (see :mod:`tuner.study.storage`).
     """
     if not record.storage:
         return sqlite_url(study_path)

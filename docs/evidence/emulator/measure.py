@@ -24,16 +24,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from tuner.engines.emulated import (  # noqa: E402
-    NOMINAL,
-    BenchmarkShape,
-    EmulatedConfig,
-    EngineBatch,
-    architecture,
-    node_model,
-    predict,
-    step_time,
-)
+from tuner.engines.emulated import BenchmarkShape, predict  # noqa: E402
+from tuner.perfmodel import NOMINAL, EmulatedConfig, EngineBatch, architecture, node_model, step_time  # noqa: E402
 from tuner.search import feasibility  # noqa: E402
 from tuner.search.checkpoints import load_checkpoint  # noqa: E402
 from tuner.search.profile import bind_checkpoint, load_profile  # noqa: E402

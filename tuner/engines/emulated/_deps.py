@@ -1,39 +1,21 @@
 """The few names the emulator takes from the rest of dsv4-tune, imported in one place.
 
-The memory model (weights, activations, graphs, KV bytes per token) is the feasibility model's;
-the node is a hardware profile; the weights are a checkpoint of the catalog. Nothing else of the
-tuner is imported by the emulator, so when those modules move only this file changes.
+The performance model is :mod:`tuner.perfmodel` (imported by its path, as any user does); the node is a
+hardware profile; the weights are a checkpoint of the catalog. Nothing else of the tuner's search room is
+imported by the emulator, so when those modules move only this file changes.
 """
 
 from __future__ import annotations
 
 from tuner.search.checkpoints import Checkpoint, load_catalog, load_checkpoint
-from tuner.search.feasibility import (
-    DEFAULT_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    GB,
-    GIB,
-    N_LAYERS,
-    VOCAB_SIZE,
-    RankMemory,
-    kv_bytes_per_token,
-    rank_memory,
-)
+from tuner.search.feasibility import GIB
 from tuner.search.profile import HardwareProfile, load_profile
 
 __all__ = [
-    "DEFAULT_BATCHED_TOKENS",
-    "DEFAULT_MAX_NUM_SEQS",
-    "GB",
     "GIB",
-    "N_LAYERS",
-    "VOCAB_SIZE",
     "Checkpoint",
     "HardwareProfile",
-    "RankMemory",
-    "kv_bytes_per_token",
     "load_catalog",
     "load_checkpoint",
     "load_profile",
-    "rank_memory",
 ]

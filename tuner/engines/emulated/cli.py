@@ -20,10 +20,8 @@ from typing import Any
 from aiohttp import web
 
 from tuner.engines.emulated._deps import Checkpoint, HardwareProfile, load_catalog, load_checkpoint, load_profile
-from tuner.engines.emulated.capacity import capacity, node_model, startup_verdict
 from tuner.engines.emulated.disagg import KvTransfer
-from tuner.engines.emulated.hardware import node_spec
-from tuner.engines.emulated.serve_config import EmulatedConfig, Frontend
+from tuner.engines.emulated.frontend import Frontend
 from tuner.engines.emulated.server import EmulatedServer, access_logger
 from tuner.engines.emulated.settings import EmulatorSettings, SettingsError
 from tuner.engines.emulated.startup import StartupPlan, run_startup
@@ -36,6 +34,9 @@ from tuner.engines.emulated.vllm_cli import (
     vllm_version,
 )
 from tuner.engines.emulated.vllm_log import VllmLog
+from tuner.perfmodel.capacity import capacity, node_model, startup_verdict
+from tuner.perfmodel.hardware import node_spec
+from tuner.perfmodel.serve_config import EmulatedConfig
 
 __all__ = ["main", "resolve_checkpoint", "resolve_truth", "unreadable_checkpoint"]
 

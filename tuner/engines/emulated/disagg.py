@@ -7,8 +7,8 @@ request, as with vLLM's NIXL connector and the router's protocol (``vllm-router 
   {do_remote_decode: true}``; that member prefills and answers with ``kv_transfer_params`` naming its
   blocks (``do_remote_prefill: true, remote_block_ids, remote_engine_id, ...``);
 - then it sends the original request, with those ``kv_transfer_params``, to a decode member. That member
-  receives the prompt's KV over the node's link (:func:`transfer_s`: a fixed cost per transfer plus the
-  prompt's KV bytes at :data:`TRANSFER_EFFICIENCY` of one GPU's link), then computes the last prompt token
+  receives the prompt's KV over the node's link (:func:`tuner.perfmodel.transfer.transfer_s`: a fixed cost per
+  transfer plus the prompt's KV bytes at ``TRANSFER_EFFICIENCY`` of one GPU's link), then computes the last prompt token
   itself and decodes, as vLLM's decode instance does.
 
 What the decode member's ``/metrics`` adds: NIXL's transfer histograms and failure counter
@@ -27,24 +27,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NIXL_BYTES_BUCKETS", "NIXL_TIME_BUCKETS", "TRANSFER_EFFICIENCY", "TRANSFER_LATENCY_S", "KvTransfer",
-           "transfer_s"]
+from tuner.perfmodel.transfer import transfer_s
 
-TRANSFER_EFFICIENCY = 0.5
-"""Share of one GPU's link bandwidth a KV transfer reaches (assumption: NIXL over NVLink moves many small
-per-layer block descriptors, not one large buffer)."""
-TRANSFER_LATENCY_S = 2e-3
-"""Fixed cost of one transfer: the notification, the descriptor post and the handshake's share (assumption)."""
+__all__ = ["NIXL_BYTES_BUCKETS", "NIXL_TIME_BUCKETS", "KvTransfer"]
+
 NIXL_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 """vLLM 0.32's ``vllm:nixl_xfer_time_seconds`` buckets."""
 NIXL_BYTES_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 """vLLM 0.32's ``vllm:nixl_bytes_transferred`` buckets (2 KiB to 8 GiB)."""
 NIXL_CONNECTORS = frozenset({"NixlConnector", "NixlPullConnector", "NixlPushConnector"})
-
-
-def transfer_s(prompt_tokens: int, kv_bytes_per_token: float, link_bytes_s: float) -> float:
-    """Seconds to move ``prompt_tokens`` tokens of KV from a prefill member to a decode member."""
-    return TRANSFER_LATENCY_S + prompt_tokens * kv_bytes_per_token / (link_bytes_s * TRANSFER_EFFICIENCY)
 
 
 @dataclass(frozen=True)

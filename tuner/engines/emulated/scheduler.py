@@ -2,7 +2,7 @@
 
 Nothing here sleeps or reads a clock. The caller asks the :class:`Node` to :meth:`~Node.plan` a step
 at a virtual time (that schedules every engine's batch and prices the step with
-:func:`~tuner.engines.emulated.perf_model.step_time`), waits until the step's end however it likes
+:func:`~tuner.perfmodel.step.step_time`), waits until the step's end however it likes
 (the server sleeps for it, the predictor does not), then :meth:`~Node.apply` s it (tokens come out,
 requests finish). The rules are vLLM's (``vllm/v1/core/sched/scheduler.py``):
 
@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tuner.engines.emulated.architecture import ATTENTION_CONTEXT_CAP_TOKENS
 from tuner.engines.emulated.kv_pool import KvPool
-from tuner.engines.emulated.perf_model import EngineBatch, NodeModel, StepTime, step_time
+from tuner.perfmodel.architecture import ATTENTION_CONTEXT_CAP_TOKENS
+from tuner.perfmodel.step import EngineBatch, NodeModel, StepTime, step_time
 
 __all__ = ["Engine", "Group", "Node", "Observer", "Step", "TokenSink"]
 

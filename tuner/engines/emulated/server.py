@@ -25,7 +25,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from tuner.engines.emulated.capacity import Capacity
 from tuner.engines.emulated.chat_render import render_chat
 from tuner.engines.emulated.disagg import (
     NIXL_BYTES_BUCKETS,
@@ -35,6 +34,7 @@ from tuner.engines.emulated.disagg import (
     wants_remote_decode,
 )
 from tuner.engines.emulated.dsv4_output import build_chat_output
+from tuner.engines.emulated.frontend import Frontend
 from tuner.engines.emulated.hashing import stable_hash
 from tuner.engines.emulated.openai_api import (
     DONE,
@@ -52,17 +52,18 @@ from tuner.engines.emulated.openai_api import (
     prompt_logprobs,
     usage_chunk,
 )
-from tuner.engines.emulated.perf_model import NodeModel
 from tuner.engines.emulated.prom import Registry
 from tuner.engines.emulated.pseudo_model import PseudoModel, filler_ids
 from tuner.engines.emulated.responder import garble, respond
 from tuner.engines.emulated.scheduler import Group, Node, Step
-from tuner.engines.emulated.serve_config import EmulatedConfig, Frontend
 from tuner.engines.emulated.settings import MULTIPLICITY_HEADER
 from tuner.engines.emulated.tokenizer import TOKENIZER, VOCAB_SIZE
 from tuner.engines.emulated.truth import Truth
 from tuner.engines.emulated.units import Units
 from tuner.engines.emulated.vllm_log import VllmLog
+from tuner.perfmodel.capacity import Capacity
+from tuner.perfmodel.serve_config import EmulatedConfig
+from tuner.perfmodel.step import NodeModel
 
 __all__ = ["EmulatedServer"]
 

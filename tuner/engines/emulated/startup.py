@@ -25,10 +25,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tuner.engines.emulated._deps import GIB, Checkpoint
-from tuner.engines.emulated.capacity import Capacity, StartupVerdict
-from tuner.engines.emulated.serve_config import EmulatedConfig, Frontend
+from tuner.engines.emulated.frontend import Frontend
 from tuner.engines.emulated.truth import Truth
 from tuner.engines.emulated.vllm_log import VllmLog
+from tuner.perfmodel.capacity import Capacity, StartupVerdict
+from tuner.perfmodel.serve_config import EmulatedConfig
 
 __all__ = ["CAPTURE_S_PER_SIZE", "COMPILE_S", "LOAD_BYTES_S", "StartupPlan", "run_startup"]
 

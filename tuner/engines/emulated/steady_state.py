@@ -25,11 +25,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from tuner.engines.emulated._deps import Checkpoint, HardwareProfile, load_checkpoint
-from tuner.engines.emulated.capacity import Capacity, capacity, node_model
-from tuner.engines.emulated.coefficients import NOMINAL, Coefficients
-from tuner.engines.emulated.perf_model import EngineBatch, StepTime, step_time
 from tuner.engines.emulated.scheduler import Group, Node
-from tuner.engines.emulated.serve_config import EmulatedConfig
+from tuner.perfmodel.capacity import Capacity, capacity, node_model
+from tuner.perfmodel.coefficients import NOMINAL, Coefficients
+from tuner.perfmodel.serve_config import EmulatedConfig
+from tuner.perfmodel.step import EngineBatch, StepTime, step_time
 
 __all__ = ["BenchmarkShape", "Prediction", "WorkloadLike", "predict", "shape_of"]
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.engines.emulated.coefficients import NOMINAL, Coefficients, moe_backend, perturbed
 from tuner.engines.emulated.pseudo_model import Numerics
-from tuner.engines.emulated.serve_config import EmulatedConfig
+from tuner.perfmodel.coefficients import NOMINAL, Coefficients, moe_backend, perturbed
+from tuner.perfmodel.serve_config import EmulatedConfig
 
 __all__ = ["FAILURE_KINDS", "Drift", "FailureRule", "TrapRule", "Truth", "nominal_truth", "truth_from_seed"]
 

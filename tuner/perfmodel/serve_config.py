@@ -1,7 +1,9 @@
-"""What one emulated launch runs, read from vLLM's parsed arguments or from the tuner's option mapping.
+"""What one launch runs, as the performance model reads it: from vLLM's parsed arguments or from the tuner's
+option mapping.
 
-:class:`EmulatedConfig` holds the levers that change speed, memory and numerics; :class:`Frontend`
-holds what only the HTTP side needs (address, keys, served names, parsers). Defaults are vLLM 0.32's
+:class:`EmulatedConfig` holds the levers that change speed, memory and numerics; what only the emulated
+node's HTTP side needs (address, keys, served names, parsers) is its ``Frontend``
+(``tuner/engines/emulated/frontend.py``). Defaults are vLLM 0.32's
 for a GPU launch of DeepSeek-V4-Flash where the two differ from a library default (block size 64:
 FlashMLA's page; max-model-len: the model's native 1,048,576 tokens).
 """
@@ -10,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.engines.emulated._deps import DEFAULT_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from tuner.engines.emulated.architecture import NATIVE_CONTEXT_TOKENS
+from tuner.perfmodel._deps import DEFAULT_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+from tuner.perfmodel.architecture import NATIVE_CONTEXT_TOKENS
 
-__all__ = ["CUDAGRAPH_MODES", "EmulatedConfig", "Frontend", "default_capture_sizes"]
+__all__ = ["CUDAGRAPH_MODES", "EmulatedConfig", "default_capture_sizes"]
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
@@ -235,42 +237,3 @@ def _build(*, model: str, tp: Any, dp: Any, ep: Any, eplb: Any, max_num_seqs: An
         custom_allreduce=not bool(disable_custom_all_reduce), api_server_count=int(_pick(api_server_count, 0)),
         extra=dict(extra),
     )
-
-
-@dataclass(frozen=True)
-class Frontend:
-    """What the HTTP side of one launch needs."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_keys: tuple[str, ...] = ()
-    served_model_names: tuple[str, ...] = ()
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
-    enable_auto_tool_choice: bool = False
-    tokenizer_mode: str = "auto"
-    access_log: bool = True
-
-    @property
-    def model_name(self) -> str:
-        return self.served_model_names[0]
-
-    @classmethod
-    def from_namespace(cls, ns: argparse.Namespace, env_api_key: str | None) -> Frontend:
-        model = getattr(ns, "model_tag", None) or getattr(ns, "model", None) or EmulatedConfig.model
-        names = tuple(_as_list(getattr(ns, "served_model_name", None))) or (str(model),)
-        keys = tuple(_as_list(getattr(ns, "api_key", None))) or ((env_api_key,) if env_api_key else ())
-        return cls(host=ns.host or "127.0.0.1", port=int(ns.port), api_keys=keys, served_model_names=names,
-                   reasoning_parser=getattr(ns, "reasoning_parser", None) or None,
-                   tool_call_parser=getattr(ns, "tool_call_parser", None) or None,
-                   enable_auto_tool_choice=bool(getattr(ns, "enable_auto_tool_choice", False)),
-                   tokenizer_mode=str(getattr(ns, "tokenizer_mode", "auto") or "auto"),
-                   access_log=not bool(getattr(ns, "disable_uvicorn_access_log", False)))
-
-
-def _as_list(value: Any) -> Sequence[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in value]

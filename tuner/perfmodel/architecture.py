@@ -7,7 +7,7 @@ not repeated here.
 
 from __future__ import annotations
 
-from tuner.engines.emulated._deps import N_LAYERS, VOCAB_SIZE
+from tuner.perfmodel._deps import N_LAYERS, VOCAB_SIZE
 
 __all__ = [
     "ACTIVE_PARAMS",

@@ -1,6 +1,6 @@
 """Memory and KV capacity of one launch, from the feasibility model, and the :class:`NodeModel` built on it.
 
-The emulator does not keep a memory model of its own: :func:`tuner.search.feasibility.rank_memory`
+The performance model does not keep a memory model of its own: :func:`tuner.search.feasibility.rank_memory`
 says what each rank holds and what is left for the KV cache, and
 :func:`~tuner.search.feasibility.kv_bytes_per_token` how much one cached token costs. The truth may
 scale the bytes per token (``Coefficients.kv_bytes_per_token_factor``) so that the tuner's own KV
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.engines.emulated._deps import (
+from tuner.perfmodel._deps import (
     GIB,
     Checkpoint,
     HardwareProfile,
@@ -20,10 +20,10 @@ from tuner.engines.emulated._deps import (
     kv_bytes_per_token,
     rank_memory,
 )
-from tuner.engines.emulated.coefficients import Coefficients
-from tuner.engines.emulated.hardware import NodeSpec, node_spec
-from tuner.engines.emulated.perf_model import NodeModel
-from tuner.engines.emulated.serve_config import EmulatedConfig
+from tuner.perfmodel.coefficients import Coefficients
+from tuner.perfmodel.hardware import NodeSpec, node_spec
+from tuner.perfmodel.serve_config import EmulatedConfig
+from tuner.perfmodel.step import NodeModel
 
 __all__ = ["Capacity", "StartupVerdict", "capacity", "node_model", "startup_verdict"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tuner.engines.emulated._deps import GIB, HardwareProfile
+from tuner.perfmodel._deps import GIB, HardwareProfile
 
 __all__ = ["DEVICES", "SUSTAINED_FRACTION", "DeviceSpec", "NodeSpec", "UnknownDeviceError", "node_spec"]
 
@@ -81,7 +81,7 @@ DEVICES: tuple[tuple[str, DeviceSpec], ...] = (
         fp8_flop_s=2615 * TF * SUSTAINED_FRACTION, fp4_flop_s=0.0, link_bytes_s=400 * GBPS,
         link_latency_s=10e-6, source="AMD specification: 6 TB/s HBM3E, 1.3/2.6 PF dense bf16/fp8 (single GPU here)")),
 )
-"""GPU kinds the emulator knows, keyed by a fragment of the profile's ``hardware.device_name``."""
+"""GPU kinds the performance model knows, keyed by a fragment of the profile's ``hardware.device_name``."""
 
 
 class UnknownDeviceError(ValueError):

@@ -30,8 +30,8 @@ prefill tokens), ``T_all`` the sum over replicas:
 The GPU step is the slowest rank's sum of these terms (no overlap assumed). The CPU runs beside it
 (async scheduling; separate API-server processes): the engine core's per-request work and the API
 servers' per-token streaming. The step is the larger of the GPU and the CPU time. Coefficients are in
-:class:`~tuner.engines.emulated.coefficients.Coefficients`; node rates in ``hardware.py``; memory and
-KV bytes per token come from the feasibility model (:mod:`tuner.engines.emulated.capacity`).
+:class:`~tuner.perfmodel.coefficients.Coefficients`; node rates in ``hardware.py``; memory and
+KV bytes per token come from the feasibility model (:mod:`tuner.perfmodel.capacity`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuner.engines.emulated.architecture import (
+from tuner.perfmodel.architecture import (
     ATTENTION_FLOPS_PER_PAIR,
     DENSE_FLOPS_PER_TOKEN,
     DRAFT_ACTIVE_PARAMS,
@@ -50,9 +50,9 @@ from tuner.engines.emulated.architecture import (
     ROUTED_FLOPS_PER_TOKEN,
     experts_touched_fraction,
 )
-from tuner.engines.emulated.coefficients import Coefficients, MoeBackend, moe_backend
-from tuner.engines.emulated.hardware import NodeSpec
-from tuner.engines.emulated.serve_config import EmulatedConfig
+from tuner.perfmodel.coefficients import Coefficients, MoeBackend, moe_backend
+from tuner.perfmodel.hardware import NodeSpec
+from tuner.perfmodel.serve_config import EmulatedConfig
 
 __all__ = ["EngineBatch", "NodeModel", "StepTime", "step_time"]
 
