@@ -164,6 +164,7 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
     from tuner.export import export_best
     from tuner.night import write_night
     from tuner.report import write_report
+    from tuner.study.reader import read_study
 
     install_signal_handlers()
     console.print(f"study [bold]{study.record.name}[/] in {study.path}", soft_wrap=True)
@@ -181,12 +182,13 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
     except SearchStalledError as exc:  # it spun on refusals: the morning's files first, then the error
         stalled = exc
         optuna_study = study.optuna_study()
-    report = write_report(study, optuna_study)
+    reading = read_study(study, optuna_study, importances=True)
+    report = write_report(study, reading)
     console.print(f"report: {report}", soft_wrap=True)
     write_night(study, wall_s=time.monotonic() - started)
     if stalled is not None:
         err_console.print(f"[red]error:[/] {stalled}", markup=True, highlight=False, soft_wrap=True)
-    winner = study.winner(optuna_study)
+    winner = reading.winner
     if winner is None:
         console.print("[red]no trial passed its gates and met its SLOs[/]; see "
                       f"{study.path / 'trials.csv'}")
@@ -284,24 +286,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tuner.study import Study
 
     study = Study.open(args.name, args.runs_dir)
-    console.print(f"report: {write_report(study, study.optuna_study())}")
+    console.print(f"report: {write_report(study)}")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tuner.study import Study, best_feasible_trial
+    from tuner.study import Study
+    from tuner.study.reader import read_study
 
     study = Study.open(args.name, args.runs_dir)
-    optuna_study = study.optuna_study()
+    reading = read_study(study)
     table = Table(title=f"study {study.record.name}")
     for col in ("trial", "state", "value", "failure", "reason"):
         table.add_column(col)
-    for t in optuna_study.get_trials(deepcopy=False):
+    for t in reading.trials:
         value = "" if t.value is None else f"{t.value:.2f}"
-        table.add_row(str(t.number), t.state.name, value, str(t.user_attrs.get("failure_class") or ""),
+        table.add_row(str(t.number), t.state, value, str(t.user_attrs.get("failure_class") or ""),
                       str(t.user_attrs.get("reason", ""))[:80])
     console.print(table)
-    best = best_feasible_trial(optuna_study)
+    best = reading.best_feasible()
     console.print(f"best: trial {best.number} = {best.value:.2f}" if best else "best: none feasible yet")
     for note in study.host_notes():
         console.print(note, markup=False, soft_wrap=True)

@@ -343,5 +343,6 @@ class Study:
         """What to export: the best confirmed candidate, else the best feasible screening trial."""
         return self.confirmation_phase.winner(ostudy)
 
-    def write_trials_table(self, ostudy: optuna.Study) -> Path:
-        return write_trials_table(ostudy, self.path)
+    def write_trials_table(self, ostudy: optuna.Study | None = None) -> Path:
+        """``trials.csv`` of ``ostudy`` (opened here when not given)."""
+        return write_trials_table(ostudy if ostudy is not None else self.optuna_study(), self.path)
