@@ -306,7 +306,7 @@ def _identity(study_obj: Study, reading: StudyReading, trial: int, value: float,
         "kv_cache_dtype": args.get("kv-cache-dtype") or (
             f"{args.get('cache-type-k', 'f16')}/{args.get('cache-type-v', 'f16')}" if "ctx-size" in args else "auto"),
         "context": args.get("max-model-len") or args.get("ctx-size"),
-        "runtime": {**runtime_identity(), "vllm_server": outcome.get("server_metrics", {}).get("server_version")},
+        "runtime": {**runtime_identity(), "server_version": outcome.get("server_metrics", {}).get("server_version")},
         "engine": {"name": study_obj.engine.name, "title": study_obj.engine.title,
                    "units": study_obj.engine.units.to_json(), "rehearsal": study_obj.record.rehearsal},
         "measured": {k: outcome.get("summary", {}).get(k) for k in (

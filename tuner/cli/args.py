@@ -101,7 +101,7 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
     budget_s = parse_duration(args.budget) if args.budget else None
     # --engine, else the engine the hardware profile names (server.engine: llamacpp on strixhalo), else vLLM
     engine = getattr(args, "engine", None) or load_profile(args.hw).server.engine or DEFAULT_ENGINE
-    # --vllm-cmd's default is vLLM's; another engine runs its own program unless one is given.
+    # --engine-cmd's default is vLLM's; another engine runs its own program unless one is given.
     default_cmd = engine_class(engine).default_command
     server_cmd = default_cmd if args.server_cmd in (None, DEFAULT_VLLM_CMD) else args.server_cmd
     record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,

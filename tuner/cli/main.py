@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="model path or hub id (default: the hardware profile's; 'demo' = the shipped "
                      "tiny DSV4-token model)")
     run.add_argument("--engine-cmd", "--vllm-cmd", dest="server_cmd", default=default_engine().default_command,
-                     help="how to start the engine's server (--vllm-cmd is an alias): a path, "
-                     "'python3 -m vllm.entrypoints.cli.main', or a prefix")
+                     help="how to start the engine's server program: a path, "
+                     "'python3 -m vllm.entrypoints.cli.main', or a prefix (default: the engine's own; "
+                     "--vllm-cmd: alias of --engine-cmd)")
     run.add_argument("--port", type=int, help="server port (default: a free one)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--sampler", choices=["tpe", "gp", "random"], default="tpe",
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "binds the draft method, size and revision (default: the hardware profile's)")
     run.add_argument("--prevalidate", choices=["auto", "on", "off"], default="auto",
                      help="check each configuration with vLLM's own parser before launching it (auto: when "
-                     "vLLM imports here; use off when --vllm-cmd runs another vLLM version)")
+                     "vLLM imports here; use off when --engine-cmd runs another vLLM version)")
     run.add_argument("--confirm-top-k", type=int, default=2, metavar="K",
                      help="confirm the K best screening trials with longer, repeated runs (0 = off)")
     run.add_argument("--confirm-repeats", type=positive_int, default=3, metavar="N",
