@@ -20,7 +20,7 @@ from rich.table import Table
 
 from tuner import catalog
 from tuner.cli import doctor, rehearse, scaleout
-from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, record_from_args
+from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, profile_of, record_from_args
 from tuner.engines import default_engine
 from tuner.errors import (
     CatalogError,
@@ -32,6 +32,7 @@ from tuner.errors import (
 )
 
 if TYPE_CHECKING:
+    from tuner.search import BoundProfile, HardwareProfile
     from tuner.study import Study
     from tuner.study.lessons import LeverConstraint
 
@@ -212,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend == "ray":
         return SCALEOUT["ray"](args)
     record = record_from_args(args)
-    mismatches = doctor.preflight_or_stop(record.hw, args.model, record.checkpoint, args.runs_dir, args.port,
+    mismatches = doctor.preflight_or_stop(profile_of(args), args.model, args.runs_dir, args.port,
                                           record.engine, args.force)
     if mismatches:
         record = record.model_copy(update={"preflight_mismatches": mismatches})
@@ -228,8 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    lines = [m.line() for m in doctor.mismatches_for(args.hw, args.model, args.checkpoint, args.runs_dir,
-                                                     args.port)]
+    lines = [m.line() for m in doctor.mismatches_for(profile_of(args), args.model, args.runs_dir, args.port)]
     for line in lines:
         err_console.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
     if lines:
@@ -345,15 +345,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from tuner.engines import DEFAULT_ENGINE
     from tuner.engines.registry import engine_class
-    from tuner.search import build_plan, format_plan, load_profile
+    from tuner.search import build_plan, format_plan
 
     budget_s = parse_duration(args.budget) if args.budget else None
-    engine = engine_class(load_profile(args.hw).server.engine or DEFAULT_ENGINE)()  # the engine `run` would use
-    report = build_plan(args.hw, args.objective, budget_s, args.checkpoint, engine=engine)
+    bound = profile_of(args)
+    engine = engine_class(bound.raw.server.engine or DEFAULT_ENGINE)()  # the engine `run` would use
+    report = build_plan(bound, args.objective, budget_s, engine=engine)
     console.print(format_plan(report), markup=False, soft_wrap=True)
     if report.envelopes is None:  # the performance model's prior is vLLM's on a GPU node
-        console.print(_prior_section(args.hw, args.objective, args.checkpoint), markup=False, soft_wrap=True)
-    for ruled_out in _probed_on_this_host(args.hw):
+        console.print(_prior_section(bound, args.objective), markup=False, soft_wrap=True)
+    for ruled_out in _probed_on_this_host(bound.raw):
         console.print(f"Ruled out on this host before any launch: {ruled_out.describe()}", markup=False,
                       soft_wrap=True)
     checks = ("will run before every launch" if engine.can_validate() else  # when not, the engine logs why
@@ -363,26 +364,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probed_on_this_host(hw: str) -> list[LeverConstraint]:
+def _probed_on_this_host(profile: HardwareProfile) -> list[LeverConstraint]:
     """The lever values a cheap probe of this host rules out (what a study here refuses before any launch)."""
-    from tuner.search import load_profile
     from tuner.search.preflight import host_probe
     from tuner.study.lessons import probed_constraints
 
-    return probed_constraints(load_profile(hw), host_probe().cpu_flags())
+    return probed_constraints(profile, host_probe().cpu_flags())
 
 
-def _prior_section(hw: str, objective: str | None, checkpoint: str | None) -> str:
+def _prior_section(bound: BoundProfile, objective: str | None) -> str:
     """``plan``'s prior section: the performance model's predicted top configurations and optimum."""
     from tuner.predict.plan import format_prior, prior_plan
-    from tuner.search import bind_checkpoint, load_checkpoint, load_profile
     from tuner.search.envelope import objective_for
 
-    raw = load_profile(hw)
-    name = checkpoint or raw.server.checkpoint
-    ckpt = load_checkpoint(name) if name and raw.hardware.accelerator != "cpu" else None
-    profile = bind_checkpoint(raw, ckpt) if ckpt is not None else raw
-    return format_prior(prior_plan(profile, ckpt, objective_for(raw, objective)))
+    return format_prior(prior_plan(bound.profile, bound.checkpoint, objective_for(bound.raw, objective)))
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
