@@ -19,7 +19,7 @@ from tuner.search.feasibility import (
     kv_bytes_per_token,
     rank_memory,
 )
-from tuner.search.profile import HardwareProfile, load_profile
+from tuner.search.profile import HardwareProfile, Topology, load_profile
 
 __all__ = [
     "DEFAULT_BATCHED_TOKENS",
@@ -31,6 +31,7 @@ __all__ = [
     "Checkpoint",
     "HardwareProfile",
     "RankMemory",
+    "Topology",
     "kv_bytes_per_token",
     "load_catalog",
     "load_checkpoint",
