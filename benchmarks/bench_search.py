@@ -54,9 +54,8 @@ import search_truth  # noqa: E402
 from tuner.objective import Objective, constraint_names  # noqa: E402
 from tuner.predict import Guide, ObjectiveModel, Predictor, space_table, wave_bench  # noqa: E402
 from tuner.predict.steptime import coefficient_arrays  # noqa: E402
-from tuner.search.checkpoints import load_checkpoint  # noqa: E402
 from tuner.search.envelope import objective_for  # noqa: E402
-from tuner.search.profile import TOPOLOGY_PARAM, HardwareProfile, bind_checkpoint, draw_order, load_profile  # noqa: E402
+from tuner.search.profile import TOPOLOGY_PARAM, HardwareProfile, bound_profile, draw_order, load_profile  # noqa: E402
 from tuner.search.space import build_config, suggest  # noqa: E402
 from tuner.study.guided import GuidedSearch  # noqa: E402
 from tuner.study.storage import ask_fixed, make_sampler  # noqa: E402
@@ -133,8 +132,8 @@ class Node:
 
 def load_node(name: str, cache: Path = CACHE) -> Node:
     raw = load_profile(name)
-    checkpoint = load_checkpoint(raw.server.checkpoint or "0731")
-    profile = bind_checkpoint(raw, checkpoint)
+    bound = bound_profile(raw, raw.server.checkpoint or "0731")
+    profile, checkpoint = bound.profile, bound.checkpoint
     objective = objective_for(raw, "throughput")
     model = ObjectiveModel.from_objective(objective)
     digest = hashlib.sha256((objective.model_dump_json() + profile.model_dump_json()).encode()).hexdigest()[:12]

@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm", default=str(ROOT / ".venv" / "bin" / "vllm"), help="the vllm executable")
     parser.add_argument("--engine-cmd", "--vllm-cmd", dest="server_cmd", default=None,
-                         help="passed to the tuner's --vllm-cmd (default: its own)")
+                         help="passed to the tuner's --engine-cmd (default: its own; "
+                         "--vllm-cmd: alias of --engine-cmd)")
     parser.add_argument("--sweep-max-combos", type=int, default=15, help="cut the sweep grid to this many combos")
     parser.add_argument("--confirm", action="store_true", help="re-launch each winner once through the tuner")
     parser.add_argument("--tuner-confirm-top-k", type=int, default=0,

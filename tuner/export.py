@@ -27,12 +27,10 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import optuna
 import yaml
 
 from tuner import store
@@ -40,6 +38,7 @@ from tuner.backends.node import runtime_identity
 from tuner.errors import NoFeasibleTrialError, StudyError, UnconfirmedWinnerError
 from tuner.objective import constraint_names
 from tuner.study import Confirmation, Study, Winner, resolve_model
+from tuner.study.reader import StudyReading, read_study
 
 EXPORT_PORT = 8000
 EVIDENCE_FILES = ("config.json", "command.json", "outcome.json", "load.json", "server_metrics.json",
@@ -73,15 +72,6 @@ def model_files(paths: list[str]) -> list[dict[str, Any]]:
                 digest.update(block)
         out.append({"file": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
     return out
-
-
-def _failure_counts(study: optuna.Study) -> dict[str, int]:
-    counts: Counter[str] = Counter()
-    for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("feasible"):
-            continue
-        counts[str(t.user_attrs.get("failure_class") or t.state.name.lower())] += 1
-    return dict(counts)
 
 
 VLLM_SERVE_COMMAND = 'exec "${server_argv[@]}" serve --config "$here/profile.yaml" "$@"'
@@ -141,10 +131,10 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfi
     :class:`UnconfirmedWinnerError`, unless ``accept_unconfirmed`` (or the study turned confirmation
     off): then the best screening trial is written, labelled, with every rejected confirmation's repeats.
     """
-    study = study_obj.optuna_study()
-    winner = study_obj.winner(study)
+    reading = read_study(study_obj)
+    winner = reading.winner
     if winner is None:
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(_failure_counts(study).items())) or "no trials yet"
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(reading.failure_counts().items())) or "no trials yet"
         raise NoFeasibleTrialError(
             f"study {study_obj.record.name!r} has no trial that passed its gates and met its SLOs "
             f"({counts}). Fix: look at trials.csv and the trials' outcome.json; relax --slo limits or "
@@ -184,7 +174,7 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfi
                              serve_script(study_obj.record.name, winner.trial, head, env, study_obj.record.server_cmd,
                                           command_env=engine.command_env, serve_command=engine.serve_command(options)),
                              mode=0o755)
-        identity = _identity(study_obj, study, winner.trial, winner.value, options, outcome, ctx_model)
+        identity = _identity(study_obj, reading, winner.trial, winner.value, options, outcome, ctx_model)
         if config.get("disaggregation"):
             identity["disaggregation"] = config["disaggregation"]
         identity["confirmed"] = winner.confirmed
@@ -209,7 +199,7 @@ def export_best(study_obj: Study, *, out_dir: Path | None = None, accept_unconfi
         shutil.rmtree(best_dir, ignore_errors=True)
         raise
     best_dir = final_dir
-    study_obj.write_trials_table(study)
+    study_obj.write_trials_table()
     return best_dir
 
 
@@ -292,7 +282,7 @@ def control_comparison(study_obj: Study, confirmations: tuple[Confirmation, ...]
     return rows
 
 
-def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, options: dict[str, Any],
+def _identity(study_obj: Study, reading: StudyReading, trial: int, value: float, options: dict[str, Any],
               outcome: dict[str, Any], model: str) -> dict[str, Any]:
     args = options
     profile = study_obj.profile
@@ -316,7 +306,7 @@ def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, o
         "kv_cache_dtype": args.get("kv-cache-dtype") or (
             f"{args.get('cache-type-k', 'f16')}/{args.get('cache-type-v', 'f16')}" if "ctx-size" in args else "auto"),
         "context": args.get("max-model-len") or args.get("ctx-size"),
-        "runtime": {**runtime_identity(), "vllm_server": outcome.get("server_metrics", {}).get("server_version")},
+        "runtime": {**runtime_identity(), "server_version": outcome.get("server_metrics", {}).get("server_version")},
         "engine": {"name": study_obj.engine.name, "title": study_obj.engine.title,
                    "units": study_obj.engine.units.to_json(), "rehearsal": study_obj.record.rehearsal},
         "measured": {k: outcome.get("summary", {}).get(k) for k in (
@@ -327,7 +317,7 @@ def _identity(study_obj: Study, study: optuna.Study, trial: int, value: float, o
         "guards": study_obj.guard_names(),
         "host": {"preflight_mismatches": list(study_obj.record.preflight_mismatches),
                  "learned_constraints": [asdict(c) for c in study_obj.learned_constraints()]},
-        "search": {"trials": len(study.trials), "sampler": type(study.sampler).__name__,
+        "search": {"trials": len(reading.trials), "sampler": reading.sampler,
                    "seed": study_obj.record.seed},
     }
 

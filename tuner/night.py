@@ -13,11 +13,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import optuna
-from optuna.trial import TrialState
-
 from tuner import store
 from tuner.study import Study
+from tuner.study.reader import TrialRecord, read_study
 
 __all__ = ["NIGHT_FILE", "NightSummary", "read_night", "summarize_night", "write_night"]
 
@@ -54,7 +52,7 @@ class NightSummary:
         return asdict(self)
 
 
-def _trial_row(study_obj: Study, t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def _trial_row(study_obj: Study, t: TrialRecord) -> dict[str, Any]:
     attrs = t.user_attrs
     row: dict[str, Any] = {
         "trial": t.number, "baseline": attrs.get("baseline"), "params": dict(t.params),
@@ -74,19 +72,18 @@ def _trial_row(study_obj: Study, t: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 def summarize_night(study_obj: Study, *, wall_s: float | None = None) -> NightSummary:
     """The figures of ``study_obj`` as its Optuna study and trial folders hold them now."""
-    ostudy = study_obj.optuna_study()
-    trials = [t for t in ostudy.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
-    rows = [_trial_row(study_obj, t) for t in trials]
+    reading = read_study(study_obj)
+    rows = [_trial_row(study_obj, t) for t in reading.complete()]
     maximize = study_obj.objective.direction == "maximize"
     baselines = [r for r in rows if r["baseline"] and r["duplicate_of"] is None]
     feasible_baselines = [r for r in baselines if r["feasible"] and r["value"] is not None]
     best_baseline = (max(feasible_baselines, key=lambda r: r["value"] if maximize else -r["value"])
                      if feasible_baselines else None)
-    winner = study_obj.winner(ostudy)
+    winner = reading.winner
     winner_row: dict[str, Any] | None = None
     beats: bool | None = None
     if winner is not None:
-        trial = ostudy.trials[winner.trial]
+        trial = reading.trial(winner.trial)
         winner_row = {"trial": winner.trial, "value": winner.value, "confirmed": winner.confirmed,
                       "baseline": trial.user_attrs.get("baseline"), "params": dict(trial.params),
                       "screening_value": trial.value,
@@ -102,8 +99,7 @@ def summarize_night(study_obj: Study, *, wall_s: float | None = None) -> NightSu
         engine=study_obj.engine.name, units=units.to_json(), rehearsal=study_obj.record.rehearsal,
         budget_node_s=study_obj.record.budget_s, wall_s=wall_s,
         node_s=None if wall_s is None else units.node_seconds(wall_s), guards=study_obj.guard_names(),
-        launched=sum(1 for r in rows if r["launched"] and r["duplicate_of"] is None),
-        refused_before_launch=sum(1 for r in rows if not r["launched"]), trials=rows,
+        launched=reading.launched_count(), refused_before_launch=reading.refused_count(), trials=rows,
         baselines=baselines, winner=winner_row, best_baseline=best_baseline, winner_beats_baselines=beats)
 
 

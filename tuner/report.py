@@ -12,28 +12,19 @@ from __future__ import annotations
 import html
 import json
 import logging
-import warnings
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import optuna
-from optuna.trial import FrozenTrial, TrialState
-
 from tuner import store
 from tuner.study import Confirmation, Study, Winner
 from tuner.study.guided import STOP_BELOW, load_prediction, prediction_section
+from tuner.study.reader import StudyReading, TrialRecord, read_study
 from tuner.study.study import PREVALIDATION_ATTR
 
 log = logging.getLogger(__name__)
 
 TOP_K = 5
-
-
-def _launched(study: optuna.Study) -> list[FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if "duplicate_of" not in t.user_attrs]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -46,7 +37,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-def _plot_tradeoff(trials: list[FrozenTrial], latency_key: str, out: Path) -> Path | None:
+def _plot_tradeoff(trials: list[TrialRecord], latency_key: str, out: Path) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,13 +67,13 @@ def _plot_tradeoff(trials: list[FrozenTrial], latency_key: str, out: Path) -> Pa
     return out
 
 
-def _plot_progress(study: optuna.Study, trials: list[FrozenTrial], out: Path) -> Path | None:
+def _plot_progress(reading: StudyReading, trials: list[TrialRecord], out: Path) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    maximize = reading.maximize
     xs, best, current = [], [], None
     for t in sorted(trials, key=lambda t: t.number):
         if t.user_attrs.get("feasible") and t.value is not None:
@@ -104,27 +95,6 @@ def _plot_progress(study: optuna.Study, trials: list[FrozenTrial], out: Path) ->
     return out
 
 
-def importances(study: optuna.Study) -> dict[str, float]:
-    feasible = [t for t in _launched(study) if t.user_attrs.get("feasible")]
-    if len(feasible) < 3:
-        return {}
-    # Optuna's default evaluator ranks parameters for reaching LOW targets: flip the sign when
-    # maximizing, and give infeasible trials the worst feasible target seen.
-    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    worst = max(sign * float(t.value or 0.0) for t in feasible)
-
-    def target(t: FrozenTrial) -> float:
-        return sign * float(t.value or 0.0) if t.user_attrs.get("feasible") else worst
-
-    try:
-        with warnings.catch_warnings():  # it warns for every maximize study; the sign is handled above
-            warnings.simplefilter("ignore", UserWarning)
-            return dict(optuna.importance.get_param_importances(study, target=target))
-    except (RuntimeError, ValueError, ZeroDivisionError) as exc:
-        log.info("parameter importance not available: %s", exc)
-        return {}
-
-
 def _plot_bars(data: dict[str, float], title: str, out: Path) -> Path | None:
     if not data:
         return None
@@ -143,9 +113,9 @@ def _plot_bars(data: dict[str, float], title: str, out: Path) -> Path | None:
     return out
 
 
-def _energy_section(trials: list[FrozenTrial]) -> list[str]:
+def _energy_section(trials: list[TrialRecord]) -> list[str]:
     """Tokens per joule and $ per million output tokens of each launch's reported window (GPU nodes only)."""
-    def fmt(t: FrozenTrial, key: str, spec: str) -> str:
+    def fmt(t: TrialRecord, key: str, spec: str) -> str:
         value = t.user_attrs.get(key)
         return "" if value is None else format(float(value), spec)
 
@@ -160,24 +130,13 @@ def _energy_section(trials: list[FrozenTrial]) -> list[str]:
             _table(["trial", "out tok/s", "mean GPU power W", "tokens per joule", "$ per Mtok"], rows), ""]
 
 
-def failure_counts(study: optuna.Study) -> dict[str, int]:
-    counts: Counter[str] = Counter()
-    for t in study.get_trials(deepcopy=False):
-        if "duplicate_of" in t.user_attrs or t.state == TrialState.WAITING:
-            continue
-        if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible"):
-            continue
-        counts[str(t.user_attrs.get("failure_class") or t.state.name.lower())] += 1
-    return dict(counts.most_common())
-
-
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def _flags(study_obj: Study, trial: FrozenTrial) -> str:
+def _flags(study_obj: Study, trial: TrialRecord) -> str:
     path = study_obj.path / str(trial.user_attrs.get("trial_dir", "")) / "config.json"
     if not path.is_file():
         return ""
@@ -186,13 +145,11 @@ def _flags(study_obj: Study, trial: FrozenTrial) -> str:
     return " ".join(study_obj.engine.flags({k: v for k, v in args.items() if k not in fixed}))
 
 
-def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path]) -> str:
+def build_markdown(study_obj: Study, reading: StudyReading, images: dict[str, Path]) -> str:
     obj = study_obj.objective
-    trials = _launched(study)
-    maximize = obj.direction == "maximize"
-    ranked = sorted((t for t in trials if t.user_attrs.get("feasible") and t.value is not None),
-                    key=lambda t: float(t.value or 0.0), reverse=maximize)
-    winner = study_obj.winner(study)
+    trials = reading.told()
+    ranked = reading.ranked()
+    winner = reading.winner
     units = study_obj.engine.units
     lines = [f"# dsv4-tune report: {study_obj.record.name}", ""]
     if study_obj.record.rehearsal or not units.identity:
@@ -209,7 +166,7 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
              f"- ladder: {obj.ladder.model_dump_json(exclude_defaults=True) if obj.ladder else 'none'}",
              f"- trials: {len(trials)} told ({sum(1 for t in trials if t.user_attrs.get('launched', True))} "
              f"launched), {len(ranked)} feasible",
-             f"- pre-launch argument checks: {study.user_attrs.get(PREVALIDATION_ATTR) or 'not recorded'}",
+             f"- pre-launch argument checks: {reading.user_attrs.get(PREVALIDATION_ATTR) or 'not recorded'}",
              ""]
     if winner is not None and winner.exportable_without_consent:
         lines += [f"**Winner: trial {winner.trial}, {obj.metric} = {winner.value:.2f}** "
@@ -243,7 +200,7 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
                            ("median_server_prompt_tok_s", "median_server_decode_tok_s") if speeds else ())],
                        f"`{_flags(study_obj, t)}`"]
                       for t in ranked[:TOP_K]]), ""]
-    confirmations = study_obj.confirmations(study)
+    confirmations = list(reading.confirmations)
     if confirmations:
         lines += ["## Confirmation runs (median − k·MAD over repeats)", "",
                   _table(["trial", "control of", "concurrency", "repeats", "median", "MAD", "robust", "accepted",
@@ -276,7 +233,7 @@ def build_markdown(study_obj: Study, study: optuna.Study, images: dict[str, Path
     lines += ["## The host: pre-flight and learned constraints", "",
               *([f"- {note}" for note in notes] or ["None: the pre-flight check passed and no lever value was ruled "
                                                      "out."]), ""]
-    counts = failure_counts(study)
+    counts = reading.failure_counts()
     lines += ["## Failures", "", _table(["class", "trials"], [[k, v] for k, v in counts.items()]) if counts
               else "None.", ""]
     failed = [t for t in trials if not t.user_attrs.get("feasible")]
@@ -310,10 +267,10 @@ def _pool_rows(metrics: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def disaggregation_section(study_obj: Study, trials: list[FrozenTrial], ranked: list[FrozenTrial], *,
+def disaggregation_section(study_obj: Study, trials: list[TrialRecord], ranked: list[TrialRecord], *,
                            winner: Winner | None = None, confirmations: Sequence[Confirmation] = ()) -> list[str]:
     """Prefill/decode launches (issue 27): each one's pools side by side, and which kind won, by how much."""
-    launches: list[tuple[FrozenTrial, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
+    launches: list[tuple[TrialRecord, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
     for t in trials:
         folder = study_obj.path / str(t.user_attrs.get("trial_dir", ""))
         if not t.user_attrs.get("trial_dir") or not (folder / "config.json").is_file():
@@ -328,7 +285,7 @@ def disaggregation_section(study_obj: Study, trials: list[FrozenTrial], ranked: 
         return []
     obj = study_obj.objective
     lines = ["## Prefill/decode layouts", ""]
-    by_kind: dict[str, FrozenTrial] = {}
+    by_kind: dict[str, TrialRecord] = {}
     pd_trials = {t.number for t, *_ in launches}
     for t in ranked:
         by_kind.setdefault("disaggregated" if t.number in pd_trials else "aggregated", t)
@@ -382,7 +339,7 @@ def disaggregation_section(study_obj: Study, trials: list[FrozenTrial], ranked: 
     return lines
 
 
-def _knee_rows(study_obj: Study, trials: list[FrozenTrial]) -> list[list[object]]:
+def _knee_rows(study_obj: Study, trials: list[TrialRecord]) -> list[list[object]]:
     rows: list[list[object]] = []
     for t in trials:
         path = study_obj.path / str(t.user_attrs.get("trial_dir", "")) / "outcome.json"
@@ -470,30 +427,34 @@ def _plot_predicted(folder: Path, out: Path) -> Path | None:
     return out
 
 
-def write_report(study_obj: Study, study: optuna.Study) -> Path:
-    """Write report.md, report.html and their plots into the study folder; return report.md."""
+def write_report(study_obj: Study, reading: StudyReading | None = None) -> Path:
+    """Write report.md, report.html and their plots into the study folder; return report.md.
+
+    ``reading``: the study as read with its parameter importances (:func:`~tuner.study.reader.read_study`);
+    read here when not given."""
     folder = study_obj.path
-    trials = _launched(study)
+    reading = reading if reading is not None else read_study(study_obj, importances=True)
+    trials = reading.told()
     images: dict[str, Path] = {}
     for key, latency in (("ttft", "p95_ttft_ms"), ("itl", "p95_itl_ms")):
         made = _plot_tradeoff(trials, latency, folder / f"plot_throughput_vs_{key}.png")
         if made:
             images[key] = made
-    made = _plot_progress(study, trials, folder / "plot_progress.png")
+    made = _plot_progress(reading, trials, folder / "plot_progress.png")
     if made:
         images["progress"] = made
-    made = _plot_bars(importances(study), "parameter importance", folder / "plot_importance.png")
+    made = _plot_bars(reading.importances, "parameter importance", folder / "plot_importance.png")
     if made:
         images["importance"] = made
-    made = _plot_bars({k: float(v) for k, v in failure_counts(study).items()}, "failures by class",
+    made = _plot_bars({k: float(v) for k, v in reading.failure_counts().items()}, "failures by class",
                       folder / "plot_failures.png")
     if made:
         images["failures"] = made
     made = _plot_predicted(folder, folder / "plot_predicted_vs_measured.png")
     if made:
         images["predicted"] = made
-    markdown = build_markdown(study_obj, study, images)
+    markdown = build_markdown(study_obj, reading, images)
     store.write_text(folder / "report.md", markdown)
     store.write_text(folder / "report.html", markdown_to_html(markdown, f"dsv4-tune {study_obj.record.name}"))
-    study_obj.write_trials_table(study)
+    study_obj.write_trials_table()
     return folder / "report.md"

@@ -57,7 +57,7 @@ if [ "$mode" = start ]; then
   budget=$(( $(left) - PACK_S - 40 ))   # the tool's clock starts after its own start-up (~20 s)
   mark "study run (budget $budget s)"
   timeout -s INT -k 20 $(( budget + 30 )) "$PY" -m tuner.cli run --hw "$HW" --objective "$OBJ" --model "$MODEL" \
-    --study "$STUDY" --runs-dir "$RUNS" --vllm-cmd "$VLLM_CMD" --prevalidate auto --trials "$TRIALS" \
+    --study "$STUDY" --runs-dir "$RUNS" --engine-cmd "$VLLM_CMD" --prevalidate auto --trials "$TRIALS" \
     --budget "${budget}s" --confirm-top-k 0 --confirm-repeats 2 --gpu-hour-usd "$PRICE" --ready-timeout "$READY" \
     --seed 0 --no-export
   rc=$?

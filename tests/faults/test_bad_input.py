@@ -104,7 +104,7 @@ CASES = [
          files={"obj.yaml": "name: o\nslos: {ttft: 2000}\n"}),
     Case("SLO without a unit (--slo)", lambda t: _run_args(t, "--slo", "ttft=2000"),
          ["--slo", "'ttft'", "p95_ttft_ms"]),
-    Case("--vllm-cmd that does not exist", lambda t: _run_args(t, "--vllm-cmd", "/opt/nowhere/vllm"),
+    Case("--engine-cmd that does not exist", lambda t: _run_args(t, "--engine-cmd", "/opt/nowhere/vllm"),
          ["--engine-cmd", "/opt/nowhere/vllm", "not found", "Fix:"]),
     Case("model path that does not exist", lambda t: [*_run_args(t)[:4], "/data/no/such/model", "--trials", "1",
                                                       "--runs-dir", str(t / "runs")],

@@ -34,6 +34,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 OPTUNA_FREE = ("trial", "predict", "search and engines", "perfmodel", "profile and memory model", "guards and load",
                "shared")
 """Layers that never import Optuna: one trial runs without it."""
+OPTUNA_PACKAGES = ("tuner.study", "tuner.backends")
+"""The only packages that import Optuna: report, export and night read a study through ``tuner.study.reader``."""
 OPTUNA_INTERNALS = re.compile(r"\._storage\b|\._trial_id\b|\._study_id\b|\._ot_")
 STORAGE_BACKEND = "tuner.study.storage"
 
@@ -220,6 +222,12 @@ def test_a_trial_runs_without_optuna() -> None:
                  if _layer(m.name) is not None and LAYERS[_layer(m.name) or 0][0] in OPTUNA_FREE
                  and "optuna" in m.third_party]
     assert importers == []
+
+
+def test_only_the_study_and_the_backends_import_optuna() -> None:
+    importers = [m.name for m in MODULES.values() if "optuna" in m.third_party
+                 and not any(m.name == p or m.name.startswith(p + ".") for p in OPTUNA_PACKAGES)]
+    assert importers == [], "read a study through tuner.study.reader instead"
 
 
 # -- the checks themselves can fail --------------------------------------------------------------------

@@ -120,7 +120,7 @@ def test_missing_vllm_program_returns_2_naming_it(capsys: pytest.CaptureFixture[
 def test_missing_model_path_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    code = main(["--hw", "cpu", "--trials", "1", "--model", "./missing", "--vllm-cmd", sys.executable,
+    code = main(["--hw", "cpu", "--trials", "1", "--model", "./missing", "--engine-cmd", sys.executable,
                  "--runs-dir", str(tmp_path / "runs")])
     out = _printed(capsys)
     assert code == 2
@@ -194,7 +194,7 @@ def test_bad_budget_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path
 def test_slo_override_without_unit_returns_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     code = main(["--hw", "cpu", "--trials", "1", "--slo", "ttft=5", "--model", str(tmp_path),
-                 "--vllm-cmd", "false", "--study", "s", "--runs-dir", str(runs), "--no-export"])
+                 "--engine-cmd", "false", "--study", "s", "--runs-dir", str(runs), "--no-export"])
     assert code == 2
     assert "ttft" in _printed(capsys)
     assert not (runs / "s" / "study.json").exists()

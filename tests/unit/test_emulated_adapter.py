@@ -30,6 +30,7 @@ from tuner.report import build_markdown
 from tuner.search import bind_checkpoint, load_checkpoint, load_profile
 from tuner.search.envelope import objective_for
 from tuner.study import Study, new_record
+from tuner.study.reader import read_study
 
 MODEL = "deepseek-ai/DeepSeek-V4-Flash-0731"
 
@@ -112,7 +113,7 @@ def test_a_study_on_the_emulated_node_runs_node_time(tmp_path: Path) -> None:
     again = Study.open("r", tmp_path)
     assert again.engine == study.engine and again.record.rehearsal
     # Never mistakable for a node's evidence: the report and the CLI say what it is.
-    report = build_markdown(study, study.optuna_study(), {})
+    report = build_markdown(study, read_study(study), {})
     assert "**REHEARSAL: every figure below is the prediction of the emulated node" in report
     assert "time scale 25 node s per real s, multiplicity 128" in report
     assert (describe_engine(study) or "").startswith("REHEARSAL on the emulated node (gh200x4)")

@@ -89,7 +89,7 @@ def test_with_avx512_one_rejection_teaches_the_constraint(tmp_path: Path, node: 
     report = (study.path / "report.md")
     from tuner.report import write_report
 
-    write_report(study, study.optuna_study())
+    write_report(study)
     assert "kv-cache-dtype=fp8" in report.read_text() and FP8_KV_CPU_MESSAGE in report.read_text()
 
 

@@ -188,6 +188,7 @@ def test_the_kv_fit_is_learnt_from_launches_and_survives_a_resume(tmp_path: Path
 def test_report_names_the_winner_the_failures_and_the_trials_a_client_limited(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.report import build_markdown
+    from tuner.study.reader import read_study
 
     def fake_run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, **_kw: Any) -> TrialOutcome:
         ran, value, constraints, failure = surface(config)
@@ -206,7 +207,7 @@ def test_report_names_the_winner_the_failures_and_the_trials_a_client_limited(
     flagged = [t.number for t in ostudy.trials if t.user_attrs.get("client_starved")]
     assert flagged, "the surface's max-num-seqs >= 32 trials starve the client"
     assert not any(t.user_attrs.get("client_saturated") for t in ostudy.trials)
-    text = build_markdown(study, ostudy, images={})
+    text = build_markdown(study, read_study(study, ostudy), images={})
     winner = study.winner(ostudy)
     assert winner is not None and f"**Winner: trial {winner.trial}, output_throughput = {winner.value:.2f}" in text
     section = text.split("## Load generator warnings", 1)[1].split("## Failures", 1)[0]

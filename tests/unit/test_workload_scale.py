@@ -22,6 +22,7 @@ from tuner.search import bind_checkpoint, build_plan, format_plan, load_checkpoi
 from tuner.search.envelope import envelope, objective_for
 from tuner.search.space import build_config
 from tuner.study import Study, new_record
+from tuner.study.reader import read_study
 
 GPU_PROFILES = [name for name in catalog.known_names("search_spaces")
                 if load_profile(name).hardware.accelerator != "cpu" and load_profile(name).server.checkpoint]
@@ -100,7 +101,7 @@ def test_plan_run_and_report_show_one_workload(tmp_path: Path) -> None:
     config = build_config(study.profile, study.profile.baselines[1].values)
     assert knee(config) == 2740
     assert study.objective.for_knee(knee(config)).ladder.steps == (1370, 2740, 4110)  # type: ignore[union-attr]
-    report = build_markdown(study, study.optuna_study(), {})
+    report = build_markdown(study, read_study(study), {})
     assert '"input_len":1024,"output_len":1024' in report
 
 

@@ -17,10 +17,26 @@ from typing import TYPE_CHECKING
 from tuner.errors import UsageError
 
 if TYPE_CHECKING:
+    from tuner.search import BoundProfile
     from tuner.study import StudyRecord
 
 __all__ = ["count", "install_signal_handlers", "parse_duration", "parse_guards", "parse_slos", "positive_int",
-           "record_from_args", "with_engine"]
+           "profile_of", "record_from_args", "with_engine"]
+
+_BOUND = "_bound_profile"
+
+
+def profile_of(args: argparse.Namespace) -> BoundProfile:
+    """``--hw`` bound to ``--checkpoint`` (:func:`tuner.search.bound_profile`), loaded once per command: kept
+    on ``args`` for every later use of the same command."""
+    from tuner.search import bound_profile
+
+    key = (args.hw, getattr(args, "checkpoint", None))
+    cached = vars(args).get(_BOUND)
+    if cached is None or cached[0] != key:
+        cached = (key, bound_profile(*key))
+        setattr(args, _BOUND, cached)
+    return cached[1]
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 
@@ -95,13 +111,13 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
     from tuner.engines import DEFAULT_ENGINE  # the study and its Optuna load only for the commands that run one
     from tuner.engines.registry import engine_class
     from tuner.engines.vllm import DEFAULT_VLLM_CMD
-    from tuner.search import load_profile
     from tuner.study import ConfirmSpec, new_record, resolve_model
 
     budget_s = parse_duration(args.budget) if args.budget else None
+    bound = profile_of(args)
     # --engine, else the engine the hardware profile names (server.engine: llamacpp on strixhalo), else vLLM
-    engine = getattr(args, "engine", None) or load_profile(args.hw).server.engine or DEFAULT_ENGINE
-    # --vllm-cmd's default is vLLM's; another engine runs its own program unless one is given.
+    engine = getattr(args, "engine", None) or bound.raw.server.engine or DEFAULT_ENGINE
+    # --engine-cmd's default is vLLM's; another engine runs its own program unless one is given.
     default_cmd = engine_class(engine).default_command
     server_cmd = default_cmd if args.server_cmd in (None, DEFAULT_VLLM_CMD) else args.server_cmd
     record = new_record(name=args.study, hw=args.hw, objective=args.objective, model=args.model,
@@ -111,13 +127,14 @@ def record_from_args(args: argparse.Namespace) -> StudyRecord:
                         prevalidate=args.prevalidate,
                         confirm=ConfirmSpec(top_k=max(0, args.confirm_top_k), repeats=args.confirm_repeats),
                         sampler=args.sampler, gpu_hour_usd=getattr(args, "gpu_hour_usd", None),
-                        prior=getattr(args, "prior", None), stop_when_done=getattr(args, "stop_when_done", False))
+                        prior=getattr(args, "prior", None), stop_when_done=getattr(args, "stop_when_done", False),
+                        bound=bound)
     if engine != DEFAULT_ENGINE:
         record = with_engine(record, engine, args)
     engine_class(engine)().resolve_command(record.server_cmd)
     resolve_model(record.model, args.runs_dir)
     if record.trials is None and record.budget_s is None:  # the command as the design writes it: one night
-        record = record.model_copy(update={"budget_s": load_profile(record.hw).server.night_budget_s})
+        record = record.model_copy(update={"budget_s": bound.raw.server.night_budget_s})
     return record
 
 
@@ -125,14 +142,12 @@ def with_engine(record: StudyRecord, engine: str, args: argparse.Namespace) -> S
     """``record`` served by ``engine``, with the options the engine sizes for this night (the emulated
     node's units: ``--time-scale``, ``--multiplicity`` and ``--truth-seed`` win over its own choice)."""
     from tuner.engines.registry import engine_options
-    from tuner.search import bind_checkpoint, load_checkpoint, load_profile
+    from tuner.search import bound_profile
     from tuner.search.envelope import objective_for
 
-    profile = load_profile(record.hw)
-    name = record.checkpoint or profile.server.checkpoint
-    checkpoint = load_checkpoint(name) if name else None
-    if checkpoint is not None:
-        profile = bind_checkpoint(profile, checkpoint)
+    bound = profile_of(args) if (getattr(args, "hw", None), getattr(args, "checkpoint", None)) == (
+        record.hw, record.checkpoint) else bound_profile(record.hw, record.checkpoint)
+    profile, checkpoint = bound.profile, bound.checkpoint
     objective = objective_for(profile, record.objective, record.slo_overrides)
     given = {key: getattr(args, key, None) for key in ("time_scale", "startup_time_scale", "multiplicity",
                                                          "truth_seed")}

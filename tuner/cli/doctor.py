@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tuner.errors import UsageError
 from tuner.search.preflight import Mismatch, check_host
+from tuner.search.profile import BoundProfile
 
 __all__ = ["add_command", "mismatches_for", "preflight_or_stop"]
 
@@ -20,29 +21,25 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     doctor.add_argument("--runs-dir", type=Path, default=Path("runs"))
 
 
-def mismatches_for(hw: str, model: str | None, checkpoint: str | None, runs_dir: Path, port: int | None,
+def mismatches_for(bound: BoundProfile, model: str | None, runs_dir: Path, port: int | None,
                    engine: str = "vllm") -> list[Mismatch]:
-    from tuner.search import bind_checkpoint, load_checkpoint, load_profile
+    """What this host lacks to serve ``bound`` (the profile of ``--hw``, bound to its checkpoint)."""
     from tuner.study import resolve_model
 
-    profile = load_profile(hw)
-    name = checkpoint or profile.server.checkpoint
-    ckpt = load_checkpoint(name) if name and profile.hardware.accelerator != "cpu" else None
-    if ckpt is not None:
-        profile = bind_checkpoint(profile, ckpt)
-    chosen = model or profile.server.model
+    chosen = model or bound.profile.server.model
     resolved = resolve_model(chosen, runs_dir) if chosen else None
-    return check_host(profile, ckpt, resolved, engine=engine, runs_dir=runs_dir, port=port, probe=None)
+    return check_host(bound.profile, bound.checkpoint, resolved, engine=engine, runs_dir=runs_dir, port=port,
+                      probe=None)
 
 
-def preflight_or_stop(hw: str, model: str | None, checkpoint: str | None, runs_dir: Path, port: int | None,
+def preflight_or_stop(bound: BoundProfile, model: str | None, runs_dir: Path, port: int | None,
                       engine: str, force: bool) -> list[str]:
     """The mismatch lines of this host (empty: none); without ``force`` any mismatch stops the run."""
     if engine != "vllm":  # the emulated node and other engines are not this host's hardware
         return []
-    lines = [m.line() for m in mismatches_for(hw, model, checkpoint, runs_dir, port, engine)]
+    lines = [m.line() for m in mismatches_for(bound, model, runs_dir, port, engine)]
     if lines and not force:
         raise UsageError("pre-flight check failed, nothing was launched:\n  " + "\n  ".join(lines)
-                         + "\n(`dsv4-tune doctor --hw " + hw + "` repeats this check; --force runs anyway and "
-                         "records the mismatches)")
+                         + f"\n(`dsv4-tune doctor --hw {bound.source}` repeats this check; --force runs anyway "
+                         "and records the mismatches)")
     return lines

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from tuner import catalog
 from tuner.cli import doctor, rehearse, scaleout
-from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, record_from_args
+from tuner.cli.args import install_signal_handlers, parse_duration, positive_int, profile_of, record_from_args
 from tuner.engines import default_engine
 from tuner.errors import (
     CatalogError,
@@ -32,6 +32,7 @@ from tuner.errors import (
 )
 
 if TYPE_CHECKING:
+    from tuner.search import BoundProfile, HardwareProfile
     from tuner.study import Study
     from tuner.study.lessons import LeverConstraint
 
@@ -63,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="model path or hub id (default: the hardware profile's; 'demo' = the shipped "
                      "tiny DSV4-token model)")
     run.add_argument("--engine-cmd", "--vllm-cmd", dest="server_cmd", default=default_engine().default_command,
-                     help="how to start the engine's server (--vllm-cmd is an alias): a path, "
-                     "'python3 -m vllm.entrypoints.cli.main', or a prefix")
+                     help="how to start the engine's server program: a path, "
+                     "'python3 -m vllm.entrypoints.cli.main', or a prefix (default: the engine's own; "
+                     "--vllm-cmd: alias of --engine-cmd)")
     run.add_argument("--port", type=int, help="server port (default: a free one)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--sampler", choices=["tpe", "gp", "random"], default="tpe",
@@ -84,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "binds the draft method, size and revision (default: the hardware profile's)")
     run.add_argument("--prevalidate", choices=["auto", "on", "off"], default="auto",
                      help="check each configuration with vLLM's own parser before launching it (auto: when "
-                     "vLLM imports here; use off when --vllm-cmd runs another vLLM version)")
+                     "vLLM imports here; use off when --engine-cmd runs another vLLM version)")
     run.add_argument("--confirm-top-k", type=int, default=2, metavar="K",
                      help="confirm the K best screening trials with longer, repeated runs (0 = off)")
     run.add_argument("--confirm-repeats", type=positive_int, default=3, metavar="N",
@@ -164,6 +166,7 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
     from tuner.export import export_best
     from tuner.night import write_night
     from tuner.report import write_report
+    from tuner.study.reader import read_study
 
     install_signal_handlers()
     console.print(f"study [bold]{study.record.name}[/] in {study.path}", soft_wrap=True)
@@ -181,12 +184,13 @@ def _run_study(study: Study, args: argparse.Namespace) -> int:
     except SearchStalledError as exc:  # it spun on refusals: the morning's files first, then the error
         stalled = exc
         optuna_study = study.optuna_study()
-    report = write_report(study, optuna_study)
+    reading = read_study(study, optuna_study, importances=True)
+    report = write_report(study, reading)
     console.print(f"report: {report}", soft_wrap=True)
     write_night(study, wall_s=time.monotonic() - started)
     if stalled is not None:
         err_console.print(f"[red]error:[/] {stalled}", markup=True, highlight=False, soft_wrap=True)
-    winner = study.winner(optuna_study)
+    winner = reading.winner
     if winner is None:
         console.print("[red]no trial passed its gates and met its SLOs[/]; see "
                       f"{study.path / 'trials.csv'}")
@@ -209,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend == "ray":
         return SCALEOUT["ray"](args)
     record = record_from_args(args)
-    mismatches = doctor.preflight_or_stop(record.hw, args.model, record.checkpoint, args.runs_dir, args.port,
+    mismatches = doctor.preflight_or_stop(profile_of(args), args.model, args.runs_dir, args.port,
                                           record.engine, args.force)
     if mismatches:
         record = record.model_copy(update={"preflight_mismatches": mismatches})
@@ -225,8 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    lines = [m.line() for m in doctor.mismatches_for(args.hw, args.model, args.checkpoint, args.runs_dir,
-                                                     args.port)]
+    lines = [m.line() for m in doctor.mismatches_for(profile_of(args), args.model, args.runs_dir, args.port)]
     for line in lines:
         err_console.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
     if lines:
@@ -284,24 +287,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tuner.study import Study
 
     study = Study.open(args.name, args.runs_dir)
-    console.print(f"report: {write_report(study, study.optuna_study())}")
+    console.print(f"report: {write_report(study)}")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tuner.study import Study, best_feasible_trial
+    from tuner.study import Study
+    from tuner.study.reader import read_study
 
     study = Study.open(args.name, args.runs_dir)
-    optuna_study = study.optuna_study()
+    reading = read_study(study)
     table = Table(title=f"study {study.record.name}")
     for col in ("trial", "state", "value", "failure", "reason"):
         table.add_column(col)
-    for t in optuna_study.get_trials(deepcopy=False):
+    for t in reading.trials:
         value = "" if t.value is None else f"{t.value:.2f}"
-        table.add_row(str(t.number), t.state.name, value, str(t.user_attrs.get("failure_class") or ""),
+        table.add_row(str(t.number), t.state, value, str(t.user_attrs.get("failure_class") or ""),
                       str(t.user_attrs.get("reason", ""))[:80])
     console.print(table)
-    best = best_feasible_trial(optuna_study)
+    best = reading.best_feasible()
     console.print(f"best: trial {best.number} = {best.value:.2f}" if best else "best: none feasible yet")
     for note in study.host_notes():
         console.print(note, markup=False, soft_wrap=True)
@@ -341,15 +345,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from tuner.engines import DEFAULT_ENGINE
     from tuner.engines.registry import engine_class
-    from tuner.search import build_plan, format_plan, load_profile
+    from tuner.search import build_plan, format_plan
 
     budget_s = parse_duration(args.budget) if args.budget else None
-    engine = engine_class(load_profile(args.hw).server.engine or DEFAULT_ENGINE)()  # the engine `run` would use
-    report = build_plan(args.hw, args.objective, budget_s, args.checkpoint, engine=engine)
+    bound = profile_of(args)
+    engine = engine_class(bound.raw.server.engine or DEFAULT_ENGINE)()  # the engine `run` would use
+    report = build_plan(bound, args.objective, budget_s, engine=engine)
     console.print(format_plan(report), markup=False, soft_wrap=True)
     if report.envelopes is None:  # the performance model's prior is vLLM's on a GPU node
-        console.print(_prior_section(args.hw, args.objective, args.checkpoint), markup=False, soft_wrap=True)
-    for ruled_out in _probed_on_this_host(args.hw):
+        console.print(_prior_section(bound, args.objective), markup=False, soft_wrap=True)
+    for ruled_out in _probed_on_this_host(bound.raw):
         console.print(f"Ruled out on this host before any launch: {ruled_out.describe()}", markup=False,
                       soft_wrap=True)
     checks = ("will run before every launch" if engine.can_validate() else  # when not, the engine logs why
@@ -359,26 +364,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probed_on_this_host(hw: str) -> list[LeverConstraint]:
+def _probed_on_this_host(profile: HardwareProfile) -> list[LeverConstraint]:
     """The lever values a cheap probe of this host rules out (what a study here refuses before any launch)."""
-    from tuner.search import load_profile
     from tuner.search.preflight import host_probe
     from tuner.study.lessons import probed_constraints
 
-    return probed_constraints(load_profile(hw), host_probe().cpu_flags())
+    return probed_constraints(profile, host_probe().cpu_flags())
 
 
-def _prior_section(hw: str, objective: str | None, checkpoint: str | None) -> str:
+def _prior_section(bound: BoundProfile, objective: str | None) -> str:
     """``plan``'s prior section: the performance model's predicted top configurations and optimum."""
     from tuner.predict.plan import format_prior, prior_plan
-    from tuner.search import bind_checkpoint, load_checkpoint, load_profile
     from tuner.search.envelope import objective_for
 
-    raw = load_profile(hw)
-    name = checkpoint or raw.server.checkpoint
-    ckpt = load_checkpoint(name) if name and raw.hardware.accelerator != "cpu" else None
-    profile = bind_checkpoint(raw, ckpt) if ckpt is not None else raw
-    return format_prior(prior_plan(profile, ckpt, objective_for(raw, objective)))
+    return format_prior(prior_plan(bound.profile, bound.checkpoint, objective_for(bound.raw, objective)))
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:

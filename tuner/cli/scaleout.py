@@ -60,7 +60,8 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Command]:  # type
     new.add_argument("--model")
     new.add_argument("--trials", type=positive_int, help="launches for the whole study (all workers together)")
     new.add_argument("--seed", type=int, default=0)
-    new.add_argument("--engine-cmd", "--vllm-cmd", dest="server_cmd", default="vllm")
+    new.add_argument("--engine-cmd", "--vllm-cmd", dest="server_cmd", default="vllm",
+                     help="the engine's server program (--vllm-cmd: alias of --engine-cmd)")
     new.add_argument("--port", type=int)
     new.add_argument("--slo", action="append", default=[], metavar="KEY=MS")
     new.add_argument("--ready-timeout", type=float)

@@ -101,7 +101,8 @@ class Engine(Protocol):
 
     @property
     def command_env(self) -> str:
-        """The environment variable the exported ``serve.sh`` reads the server program from (``VLLM_CMD``)."""
+        """The environment variable the exported ``serve.sh`` reads the server program from (vLLM's ``VLLM_CMD``,
+        llama-server's ``LLAMA_SERVER_CMD``)."""
 
     # -- argv ----------------------------------------------------------------------------------------
     def resolve_command(self, command: str) -> list[str]:

@@ -18,7 +18,7 @@ from tuner.search.feasibility import (
     kv_bytes_per_token,
     rank_memory,
 )
-from tuner.search.profile import HardwareProfile
+from tuner.search.profile import HardwareProfile, Topology
 
 __all__ = [
     "DEFAULT_BATCHED_TOKENS",
@@ -29,6 +29,7 @@ __all__ = [
     "Checkpoint",
     "HardwareProfile",
     "RankMemory",
+    "Topology",
     "kv_bytes_per_token",
     "rank_memory",
 ]

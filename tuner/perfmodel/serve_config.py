@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.perfmodel._deps import DEFAULT_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+from tuner.perfmodel._deps import DEFAULT_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Topology
 from tuner.perfmodel.architecture import NATIVE_CONTEXT_TOKENS
 
 __all__ = ["CUDAGRAPH_MODES", "EmulatedConfig", "default_capture_sizes"]
@@ -96,12 +96,8 @@ class EmulatedConfig:
 
     @property
     def topology_name(self) -> str:
-        parts = [f"tp{self.tp}"] if self.tp > 1 or self.dp == 1 else []
-        if self.dp > 1:
-            parts.append(f"dp{self.dp}")
-        if self.ep:
-            parts.append("ep")
-        return "-".join(parts)
+        """``tp4``, ``dp4-ep``, ``tp2-dp2-ep``: the hardware profile's name of this shape (:class:`Topology`)."""
+        return Topology(tp=self.tp, dp=self.dp, ep=self.ep).name
 
     def padded_tokens(self, tokens: int) -> int:
         """The captured size a uniform batch of ``tokens`` is padded to (itself when none fits)."""

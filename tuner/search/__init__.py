@@ -16,10 +16,19 @@ from tuner.search.checkpoints import Checkpoint, load_checkpoint
 from tuner.search.feasibility import Feasibility, KvCalibration, check, fit_kv_bytes_per_token
 from tuner.search.plan import Plan, build_plan, format_plan
 from tuner.search.prelaunch import LaunchTarget, PreLaunch, Refusal
-from tuner.search.profile import HardwareProfile, Topology, bind_checkpoint, load_profile, reference_requires
+from tuner.search.profile import (
+    BoundProfile,
+    HardwareProfile,
+    Topology,
+    bind_checkpoint,
+    bound_profile,
+    load_profile,
+    reference_requires,
+)
 from tuner.search.space import FixedParams, ParamSource, RandomParams, ServeConfig, build_config, suggest
 
 __all__ = [
+    "BoundProfile",
     "Checkpoint",
     "Feasibility",
     "FixedParams",
@@ -34,6 +43,7 @@ __all__ = [
     "ServeConfig",
     "Topology",
     "bind_checkpoint",
+    "bound_profile",
     "build_config",
     "build_plan",
     "check",

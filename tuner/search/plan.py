@@ -18,7 +18,7 @@ from typing import Any
 
 from tuner.engines import Engine, default_engine
 from tuner.objective import Objective, Workload
-from tuner.search.checkpoints import Checkpoint, WeightSplit, load_checkpoint
+from tuner.search.checkpoints import Checkpoint, WeightSplit
 from tuner.search.envelope import LadderRow, envelope, objective_for
 from tuner.search.feasibility import GB, GIB, Feasibility, check
 from tuner.search.profile import (
@@ -27,11 +27,11 @@ from tuner.search.profile import (
     DRAFT_TOKENS_PARAM,
     SPECULATIVE_OPTION,
     TOPOLOGY_PARAM,
+    BoundProfile,
     HardwareProfile,
     Lever,
     Scalar,
-    bind_checkpoint,
-    load_profile,
+    bound_profile,
     parse_topology,
 )
 from tuner.search.space import FixedParams, RandomParams, ServeConfig, build_config, suggest
@@ -317,21 +317,18 @@ def _lever_lines(profile: HardwareProfile) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def build_plan(hw: str, objective: str | None, budget_s: float | None, checkpoint: str | None,
+def build_plan(hw: str | BoundProfile, objective: str | None, budget_s: float | None, checkpoint: str | None = None,
                *, samples: int = DEFAULT_SAMPLES, seed: int = 0, engine: Engine | None = None) -> Plan:
-    """Everything ``dsv4-tune plan`` shows, computed without launching anything (flags as ``engine`` spells them)."""
-    raw = load_profile(hw)
+    """Everything ``dsv4-tune plan`` shows, computed without launching anything (flags as ``engine`` spells them).
+
+    ``hw``: a profile name or path (bound to ``checkpoint`` here), or one already bound (:func:`bound_profile`)."""
+    bound = hw if isinstance(hw, BoundProfile) else bound_profile(hw, checkpoint)
+    raw, profile = bound.raw, bound.profile
     resolved: Objective = objective_for(raw, objective)
     workload = resolved.workload
-    ckpt_name = checkpoint or raw.server.checkpoint
-    if ckpt_name is None or (raw.hardware.accelerator == "cpu" and checkpoint is None):
-        # no catalogued checkpoint (the CPU demo, the GPU evidence profiles' generated models): the model
-        # comes with --model at run time, and `run` checks no weights against memory either
-        profile = raw
-        ckpt = _cpu_checkpoint()
-    else:
-        ckpt = load_checkpoint(ckpt_name)
-        profile = bind_checkpoint(raw, ckpt)
+    # no catalogued checkpoint (the CPU demo, the GPU evidence profiles' generated models): the model
+    # comes with --model at run time, and `run` checks no weights against memory either
+    ckpt = bound.checkpoint if bound.checkpoint is not None else _cpu_checkpoint()
     if raw.unified_memory is not None:
         return _unified_plan(raw, resolved, budget_s, samples, seed, engine or default_engine())
     share, top = sample_feasibility(profile, ckpt, workload, samples, seed)

@@ -252,7 +252,7 @@ def _check_engine(profile: HardwareProfile, engine: str, probe: HostProbe) -> li
     if version is None:
         return [Mismatch("engine", "vLLM is not installed in this environment",
                          f"install vLLM{f' {wanted} or later' if wanted else ''} (scripts/setup.sh), or point "
-                         "--vllm-cmd at one")]
+                         "--engine-cmd at one")]
     if wanted and not version_at_least(version, wanted):
         return [Mismatch("engine", f"vLLM {version} is installed; the profile's flags are written for "
                          f"{wanted} or later", f"upgrade vLLM to {wanted} or later")]

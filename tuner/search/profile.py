@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tuner import catalog
 from tuner.errors import CatalogError, ProfileRuleError, UnknownNameError
-from tuner.search.checkpoints import Checkpoint
+from tuner.search.checkpoints import Checkpoint, load_checkpoint
 
 Scalar = str | int | float | bool
 DRAFT_TOKENS_PARAM = "speculative.draft_tokens"
@@ -766,3 +766,31 @@ def bind_checkpoint(profile: HardwareProfile, checkpoint: Checkpoint) -> Hardwar
                 values[DRAFT_TOKENS_PARAM] = 0
         baselines.append(base.model_copy(update={"values": values}))
     return profile.model_copy(update={"server": server, "speculative": spec, "baselines": baselines})
+
+
+@dataclass(frozen=True)
+class BoundProfile:
+    """A hardware profile as a command serves it: bound to its checkpoint (:func:`bound_profile`)."""
+
+    profile: HardwareProfile
+    """Bound to :attr:`checkpoint` (its repo, revision, draft method and baselines); :attr:`raw` when none."""
+    raw: HardwareProfile
+    """The profile as its file reads (the objective's scale and the engine come from it)."""
+    checkpoint: Checkpoint | None
+    """``--checkpoint``, else the profile's ``server.checkpoint``; None when neither names one."""
+    source: str
+    """What was asked for: a catalog name or a YAML path (the profile's name when given loaded)."""
+
+
+def bound_profile(hw: str | HardwareProfile, checkpoint: str | None = None) -> BoundProfile:
+    """Load ``hw`` (a catalog name, a path, or a profile already loaded) and bind the checkpoint it serves.
+
+    The one place that reads "which checkpoint": ``checkpoint`` (``--checkpoint``) wins over the profile's
+    ``server.checkpoint``; a profile that names none (the CPU demo, the tiny GPU evidence profiles: the
+    model comes with ``--model``) stays unbound.
+    """
+    raw = load_profile(hw) if isinstance(hw, str) else hw
+    name = checkpoint or raw.server.checkpoint
+    ckpt = load_checkpoint(name) if name else None
+    return BoundProfile(profile=bind_checkpoint(raw, ckpt) if ckpt is not None else raw, raw=raw, checkpoint=ckpt,
+                        source=hw if isinstance(hw, str) else raw.name)

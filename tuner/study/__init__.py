@@ -11,10 +11,12 @@
     guided.py     GuidedSearch: ``--prior model`` (the performance model proposes, each launch corrects it)
     confirm.py    the confirmation phase and the winner
     ranking.py    reading the trials: launched, running, feasible, best; the trials table
+    reader.py     the study read once as plain data (report, export, night): trials, winner, failures counted
     progress.py   Progress: what the CLI shows
 
-Only ``study/`` and the rooms above it import Optuna; a single trial (:mod:`tuner.trial`) runs without it.
-The drivers beyond this node (``tuner.backends``) are one floor above: nothing here imports them.
+Only ``study/`` and ``backends/`` import Optuna (report, export and night read a study through
+:mod:`tuner.study.reader`); a single trial (:mod:`tuner.trial`) runs without it. The drivers beyond this
+node (``tuner.backends``) are one floor above: nothing here imports them.
 """
 
 from __future__ import annotations

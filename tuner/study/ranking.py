@@ -1,7 +1,8 @@
 """Reading a study's trials: which launched, which ran where, which is best, how long one takes, the table.
 
-Every driver (the local loop, a worker, the Ray driver), the confirmation phase, export and report
-read the Optuna study through these functions, so "launched", "feasible" and "best" mean one thing.
+Every driver (the local loop, a worker, the Ray driver) and the confirmation phase read the Optuna
+study through these functions (report, export and night through :mod:`tuner.study.reader`), so
+"launched", "feasible" and "best" mean one thing.
 """
 
 from __future__ import annotations

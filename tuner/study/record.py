@@ -20,9 +20,8 @@ from tuner.demo_model import write_demo_model
 from tuner.errors import StudyLockedError, UsageError
 from tuner.load.power import detect_power_reader, power_unavailable_reason
 from tuner.objective import ENERGY_METRICS, Objective
-from tuner.search.checkpoints import load_checkpoint
 from tuner.search.envelope import objective_for
-from tuner.search.profile import bind_checkpoint, load_profile
+from tuner.search.profile import BoundProfile, bound_profile
 from tuner.study.confirm import ConfirmSpec
 
 __all__ = ["DEMO_MODEL", "SCHEMA_VERSION", "StudyLock", "StudyRecord", "new_record", "resolve_model",
@@ -145,11 +144,11 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
                confirm: ConfirmSpec | None = None, sampler: Literal["tpe", "gp", "random"] = "tpe",
                gpu_hour_usd: float | None = None, engine: str = "vllm",
                engine_options: dict[str, Any] | None = None, rehearsal: bool = False,
-               prior: Literal["model", "none"] | None = None, stop_when_done: bool = False) -> StudyRecord:
-    profile = load_profile(hw)
-    checkpoint_name = checkpoint or profile.server.checkpoint
-    if checkpoint_name:
-        profile = bind_checkpoint(profile, load_checkpoint(checkpoint_name))
+               prior: Literal["model", "none"] | None = None, stop_when_done: bool = False,
+               bound: BoundProfile | None = None) -> StudyRecord:
+    """``bound``: ``hw`` bound to ``checkpoint`` already (the CLI loads it once per command)."""
+    bound = bound or bound_profile(hw, checkpoint)
+    profile = bound.profile
     loaded_objective = objective_for(profile, objective)
     try:
         loaded_objective.with_slos(slo_overrides)
@@ -161,7 +160,7 @@ def new_record(*, name: str | None, hw: str, objective: str, model: str | None, 
     for guard in guards if guards is not None else loaded_objective.guards:
         catalog.resolve("guards", guard)
     # The model: --model, else the profile's, else the repository of the checkpoint the profile serves.
-    chosen_model = model or profile.server.model or (load_checkpoint(checkpoint_name).repo if checkpoint_name else None)
+    chosen_model = model or profile.server.model or (bound.checkpoint.repo if bound.checkpoint else None)
     if not chosen_model:
         raise UsageError(f"hardware profile {profile.name!r} names no default model. Fix: pass --model PATH_OR_ID")
     study_name = name or f"{profile.name}-{Path(objective).stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -24,11 +24,11 @@ from tuner.load.affinity import plan_cpu_split
 from tuner.load.power import detect_power_reader
 from tuner.objective import Objective, constraint_names, load_objective
 from tuner.predict import PriorUnavailable
-from tuner.search.checkpoints import Checkpoint, load_checkpoint
+from tuner.search.checkpoints import Checkpoint
 from tuner.search.envelope import knee_of, objective_for
 from tuner.search.preflight import host_probe
 from tuner.search.prelaunch import PreLaunch
-from tuner.search.profile import HardwareProfile, bind_checkpoint, load_profile, reference_requires
+from tuner.search.profile import HardwareProfile, bound_profile, load_profile, reference_requires
 from tuner.search.space import ServeConfig
 from tuner.study.clock import StudyClock
 from tuner.study.confirm import Confirmation, ConfirmationPhase, Winner
@@ -69,15 +69,13 @@ class Study:
         self.record = record
         self.runs_dir = runs_dir
         self.path = store.study_dir(runs_dir, record.name)
-        self.profile: HardwareProfile = self._snapshot_profile()
+        bound = bound_profile(self._snapshot_profile(), record.checkpoint)
         # The objective at this node's workload scale (server.workload_scale), then --slo: what plan showed.
-        self.objective: Objective = objective_for(self.profile, self._snapshot_objective(),
+        self.objective: Objective = objective_for(bound.raw, self._snapshot_objective(),
                                                   record.slo_overrides).with_price(record.gpu_hour_usd)
-        self.checkpoint: Checkpoint | None = None
-        checkpoint_name = record.checkpoint or self.profile.server.checkpoint
-        if checkpoint_name:
-            self.checkpoint = load_checkpoint(checkpoint_name)
-            self.profile = bind_checkpoint(self.profile, self.checkpoint)
+        self.checkpoint: Checkpoint | None = bound.checkpoint
+        self.profile: HardwareProfile = bound.profile
+        checkpoint_name = record.checkpoint or bound.raw.server.checkpoint
         # The engine the record names (vLLM unless --engine), for the node this study's profile snapshot is.
         self.engine: Engine = make_engine(record.engine, record.engine_options,
                                           hardware=str(store.profile_snapshot(self.path).resolve()),
@@ -348,5 +346,6 @@ class Study:
         """What to export: the best confirmed candidate, else the best feasible screening trial."""
         return self.confirmation_phase.winner(ostudy)
 
-    def write_trials_table(self, ostudy: optuna.Study) -> Path:
-        return write_trials_table(ostudy, self.path)
+    def write_trials_table(self, ostudy: optuna.Study | None = None) -> Path:
+        """``trials.csv`` of ``ostudy`` (opened here when not given)."""
+        return write_trials_table(ostudy if ostudy is not None else self.optuna_study(), self.path)

@@ -1,7 +1,7 @@
 """vLLM behind the engine seam: argv, readiness, metric names, log diagnosis, argument validation.
 
     engine.py     VllmEngine (the Engine), the OpenMP core binding, the version of a vLLM command
-    argv.py       --vllm-cmd, and argv with the rules of ``vllm serve --config``
+    argv.py       --engine-cmd for vLLM, and argv with the rules of ``vllm serve --config``
     validate.py   vLLM's own parser, run before a launch (``--prevalidate``)
     logs.py       failure classes, stalls and KV capacity read off the server log
     metrics.py    vLLM's Prometheus names and what they say about a window
