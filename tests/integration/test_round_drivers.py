@@ -1,11 +1,14 @@
 """One round, every driver (issue 26): the same seeded ``--prior model`` study on the same emulated truth,
 run by the local loop, by two workers sharing it on a real PostgreSQL, and by the Ray driver's searcher.
 
-Each launch is measured on the independent emulated node of issue 24 (``benchmarks/search_truth.py``: a
-performance model written apart from the prior's), seed 3, the same figures for a configuration whichever
-driver launches it. ``tuner.study.step.run_trial`` is replaced by that measurement; everything else is the
-real study: Optuna storage (SQLite, PostgreSQL), the feasibility model and pre-launch checks, controls first,
-the guide. The Ray driver's searcher is driven here the way Tune drives it (two nodes' worth of trials in
+Each launch is measured on the emulated node (``benchmarks/search_truth.py``: the emulated node's
+performance model with seed 3's constants, 3 % throughput noise), the same figures for a configuration
+whichever driver launches it. The node shares the prior's structure, so the correction the prior learns
+names the node's constants whichever configurations a driver happened to launch; on the independent node
+of issue 24 it would depend on the launches, and the drivers launch different ones (two workers race).
+``tuner.study.step.run_trial`` is replaced by that measurement; everything else is the real study:
+Optuna storage (SQLite, PostgreSQL), the feasibility model and pre-launch checks, controls first, the
+guide. The Ray driver's searcher is driven here the way Tune drives it (two nodes' worth of trials in
 flight), in this process, so that its launches are measured on the same truth.
 
 Before the round was written once, only the local driver told the guide of each launch: the workers and
@@ -48,7 +51,7 @@ Truth = Callable[[ServeConfig], Any]
 
 @pytest.fixture(scope="module")
 def truth() -> Callable[[Study], Truth]:
-    """The independent emulated node over a study's own table: configuration → its (seeded) measurement."""
+    """The emulated node over a study's own table: configuration → its (seeded) measurement."""
     search_truth = load_benchmark("search_truth")
     made: dict[str, Any] = {}
 
@@ -57,7 +60,7 @@ def truth() -> Callable[[Study], Truth]:
         assert guided is not None, "the study runs --prior model"
         table = guided.predictor.table
         if "truth" not in made:
-            made["truth"] = search_truth.make_independent_truth(table, guided.predictor.objective, TRUTH_SEED)
+            made["truth"] = search_truth.make_truth(table, guided.predictor.objective, TRUTH_SEED)
         node = made["truth"]
 
         def measure(config: ServeConfig) -> Any:

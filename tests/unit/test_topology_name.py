@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from tuner.engines.emulated.serve_config import EmulatedConfig
-
+from tuner.perfmodel.serve_config import EmulatedConfig
 from tuner.search.profile import Topology, parse_topology
 
 
