@@ -74,14 +74,11 @@ def model_files(paths: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-VLLM_SERVE_COMMAND = 'exec "${server_argv[@]}" serve --config "$here/profile.yaml" "$@"'
-"""``serve.sh``'s last line for vLLM (``Engine.serve_command``: llama-server's spells out its flags)."""
-
-
 def serve_script(study_name: str, trial_number: int, headline: str, env: dict[str, str], server_cmd: str, *,
-                 command_env: str = "VLLM_CMD", serve_command: str = VLLM_SERVE_COMMAND) -> str:
+                 command_env: str, serve_command: str) -> str:
     """``serve.sh``: the environment the winner needs (no secrets), the program from ``$command_env`` (the
-    study's by default), and the engine's ``serve_command``."""
+    study's by default), and the engine's ``serve_command`` (``Engine.command_env``, ``Engine.serve_command``:
+    no engine's names are this module's)."""
     lines = [
         "#!/usr/bin/env bash",
         f"# dsv4-tune export: study {study_name}, trial {trial_number}",
@@ -234,7 +231,9 @@ def _write_pools(best_dir: Path, study_obj: Study, launch: dict[str, Any], heade
         member_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in member.gpus)}
         if pools.connector.startswith("Nixl"):
             member_env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(5600 + len(scripts))
-        script = serve_script(study_obj.record.name, 0, head, member_env, study_obj.record.server_cmd)
+        script = serve_script(study_obj.record.name, 0, head, member_env, study_obj.record.server_cmd,
+                              command_env=study_obj.engine.command_env,
+                              serve_command=study_obj.engine.serve_command(options))
         script = script.replace('"$here/profile.yaml"', f'"$here/{member.name}.yaml"')
         store.write_text(folder / f"{member.name}.sh", script, mode=0o755)
         scripts.append(f"members/{member.name}.sh")

@@ -71,7 +71,9 @@ def test_exported_serve_sh_quotes_every_value(tmp_path: Path) -> None:
     env["HF_TOKEN"] = SENTINEL
     env["VLLM_API_KEY"] = "key-never-exported"
     script = tmp_path / "serve.sh"
-    script.write_text(serve_script("s", 0, "headline", env, "vllm"))
+    vllm = VllmEngine()
+    script.write_text(serve_script("s", 0, "headline", env, "vllm", command_env=vllm.command_env,
+                                   serve_command=vllm.serve_command({})))
     assert SENTINEL not in script.read_text() and "key-never-exported" not in script.read_text()
     (tmp_path / "profile.yaml").write_text("{}\n")
     names = sorted(k for k in env if k.startswith("EVIL_"))
