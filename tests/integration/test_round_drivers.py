@@ -19,6 +19,7 @@ after their launches).
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -35,9 +36,9 @@ from tests.conftest import load_benchmark, synthetic_record
 from tuner.backends.node import NodeIdentity
 from tuner.backends.worker import Worker, WorkerOptions, open_shared
 from tuner.objective import constraint_names, failed_score
-from tuner.search.space import ServeConfig, build_config
+from tuner.search.space import ServeConfig
 from tuner.study import Study, StudyRecord
-from tuner.study.guided import study_history
+from tuner.study.guided import GuidedSearch, study_history
 from tuner.study.storage import make_storage
 from tuner.trial import TrialContext, TrialOutcome
 
@@ -165,38 +166,54 @@ def _workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truth: Callable[[S
     return ostudy
 
 
-def _ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truth: Callable[[Study], Truth]) -> optuna.Study:
+def _ray_trial_on_truth(config: Any, job: Any) -> dict[str, Any]:
+    """A Ray trial on its node (a Ray worker process): the real ``ray_trial``, its launch measured on the truth.
+
+    Tune pickles this function by value (this test module is not importable on a worker: pytest imported it
+    by its file name), and what it uses by reference: ``tuner``, ``tests.conftest`` (Ray puts the driver's
+    working directory, the repository, on a worker's path). There ``tuner.backends.ray`` is imported afresh:
+    its ``ray_trial`` is the real one, which this test replaced in the driver only."""
+    import tuner.backends.ray as ray_backend
+
+    study = Study(StudyRecord.model_validate(job.record), Path(job.runs_dir))
+    guided = GuidedSearch.build(study.profile, study.checkpoint, study.objective)
+    node = load_benchmark("search_truth").make_truth(guided.predictor.table, guided.predictor.objective, TRUTH_SEED)
+
+    def run_on_truth(ctx: TrialContext, serve: ServeConfig, tdir: Path, **_: Any) -> TrialOutcome:
+        point = guided.predictor.table.index_of[serve.key()]
+        return _outcome(ctx, serve, tdir, node.measure(point, np.random.default_rng(point)), [], threading.Lock())
+
+    assert ray_backend.ray_trial is not _ray_trial_on_truth, "runs in a Ray worker, where ray_trial is the real one"
+    ray_backend.run_trial = run_on_truth  # this worker process only
+    return ray_backend.ray_trial(config, job)
+
+
+def _ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> optuna.Study:
+    """A real Tune run on a local Ray cluster of this test's own (two logical GPUs: two trials at once), its
+    trials measured on the truth in Ray's worker processes. Not the session's shared Ray head: the real-server
+    lane's Ray test runs beside this one and holds that head's GPUs while its vLLM starts."""
     pytest.importorskip("ray.tune")
-    import json
+    import ray
+    from ray import cloudpickle
 
-    from ray.tune.search import Searcher
+    import tuner.backends.ray as ray_backend
 
-    from tuner.backends.ray import make_searcher
-
+    monkeypatch.setattr(ray_backend, "ray_trial", _ray_trial_on_truth)
     study = Study.create(_record(tmp_path / "ray", "ray"), tmp_path / "ray" / "runs")
-    ostudy = study.optuna_study()
-    study.prepare_queue(ostudy)
-    measure = truth(study)
-    ctx = study.context()
-    searcher, finish = make_searcher(study, study.round(ostudy, ctx), LAUNCHES)
-    in_flight: list[tuple[str, dict[str, Any]]] = []
-    launched: list[str] = []
-    lock = threading.Lock()
-    for i in range(200):  # two nodes: a trial completes once two are in flight, or Tune has nothing new
-        shipped = searcher.suggest(f"t{i}")
-        if shipped == Searcher.FINISHED and not in_flight:
-            break
-        if isinstance(shipped, dict):
-            in_flight.append((f"t{i}", shipped))
-        if len(in_flight) == 2 or (not isinstance(shipped, dict) and in_flight):
-            trial_id, done = in_flight.pop(0)
-            config = build_config(study.profile, done["params"])
-            tdir = study.path / "trials" / f"{done['trial_number']:04d}"
-            outcome = _outcome(ctx, config, tdir, measure(config), launched, lock)
-            searcher.on_trial_complete(trial_id, {
-                "node": json.dumps(NODE.to_json()), "gpu_ids": "[]", "ray_node_id": "n1", "attempt": 1,
-                "value": outcome.value, "outcome": json.dumps(outcome.to_json(), default=str)})
-    assert finish() is None
+    this_module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(this_module)
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING",
+             log_to_driver=False)
+    try:
+        ostudy = ray_backend.run_study(study, ray_backend.RayOptions(gpus_per_trial=1, max_concurrent_trials=2,
+                                                                     max_retries=0))
+    finally:
+        cloudpickle.unregister_pickle_by_value(this_module)
+        ray.shutdown()
+    lost = [t.number for t in ostudy.get_trials(states=(TrialState.FAIL,)) if t.user_attrs.get("failure_class")]
+    assert not lost, f"trials lost on Ray: {lost}"
+    assert all(t.user_attrs.get("backend") == "ray" for t in ostudy.get_trials(states=(TrialState.COMPLETE,))
+               if t.user_attrs.get("launched", True) and "duplicate_of" not in t.user_attrs)
     return ostudy
 
 
@@ -205,7 +222,7 @@ def test_every_driver_learns_the_same_correction_from_every_launch(
     histories = {
         "local": _learnt_from_every_launch(_local(tmp_path, monkeypatch, truth)),
         "2 PostgreSQL workers": _learnt_from_every_launch(_workers(tmp_path, monkeypatch, truth, pg_url)),
-        "ray": _learnt_from_every_launch(_ray(tmp_path, monkeypatch, truth)),
+        "ray": _learnt_from_every_launch(_ray(tmp_path, monkeypatch)),
     }
     for name, history in histories.items():
         assert len(history) >= LAUNCHES, f"{name}: {len(history)} launches learnt from"

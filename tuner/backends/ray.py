@@ -397,6 +397,11 @@ def run_study(study: Study, options: RayOptions) -> optuna.Study:
             init: dict[str, Any] = {"address": address, "logging_level": logging.WARNING, "log_to_driver": False}
             if is_loopback(address):
                 init["_node_ip_address"] = "127.0.0.1"
+                # Ray reads LOOPBACK_ENV once, when it is first imported; a process that imported it before
+                # this call (a notebook, a test session) has the outward address already: say it again here.
+                from ray._private import ray_constants
+
+                ray_constants.ENABLE_RAY_CLUSTER = False
             ray.init(**init)
         nodes = cluster_nodes(gpus)
         if nodes == 0:
