@@ -188,11 +188,14 @@ def _ray_trial_on_truth(config: Any, job: Any) -> dict[str, Any]:
     return ray_backend.ray_trial(config, job)
 
 
-def _ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> optuna.Study:
-    """A real Tune run on a local Ray cluster of this test's own (two logical GPUs: two trials at once), its
-    trials measured on the truth in Ray's worker processes. Not the session's shared Ray head: the real-server
-    lane's Ray test runs beside this one and holds that head's GPUs while its vLLM starts."""
-    pytest.importorskip("ray.tune")
+def _ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_address: str) -> optuna.Study:
+    """A real Tune run on the session's Ray head (two logical GPUs: two trials at once), its trials measured
+    on the truth in Ray's worker processes.
+
+    The shared head, not a cluster of this test's own: ``ray.init(address="local")`` writes an auth token to
+    ``~/.ray`` that every later client on the machine then sends to the shared head, which refuses it (it
+    broke the real-server lane's Ray test). Two trials of this test at once hold the head's two GPUs for a
+    few seconds; the real-server lane's Ray trial, run beside it, waits for them or they for it."""
     import ray
     from ray import cloudpickle
 
@@ -202,11 +205,9 @@ def _ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> optuna.Study:
     study = Study.create(_record(tmp_path / "ray", "ray"), tmp_path / "ray" / "runs")
     this_module = sys.modules[__name__]
     cloudpickle.register_pickle_by_value(this_module)
-    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING",
-             log_to_driver=False)
     try:
-        ostudy = ray_backend.run_study(study, ray_backend.RayOptions(gpus_per_trial=1, max_concurrent_trials=2,
-                                                                     max_retries=0))
+        ostudy = ray_backend.run_study(study, ray_backend.RayOptions(address=ray_address, gpus_per_trial=1,
+                                                                     max_concurrent_trials=2, max_retries=0))
     finally:
         cloudpickle.unregister_pickle_by_value(this_module)
         ray.shutdown()
@@ -218,11 +219,12 @@ def _ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> optuna.Study:
 
 
 def test_every_driver_learns_the_same_correction_from_every_launch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truth: Callable[[Study], Truth], pg_url: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truth: Callable[[Study], Truth], pg_url: str,
+        ray_address: str) -> None:
     histories = {
         "local": _learnt_from_every_launch(_local(tmp_path, monkeypatch, truth)),
         "2 PostgreSQL workers": _learnt_from_every_launch(_workers(tmp_path, monkeypatch, truth, pg_url)),
-        "ray": _learnt_from_every_launch(_ray(tmp_path, monkeypatch)),
+        "ray": _learnt_from_every_launch(_ray(tmp_path, monkeypatch, ray_address)),
     }
     for name, history in histories.items():
         assert len(history) >= LAUNCHES, f"{name}: {len(history)} launches learnt from"
