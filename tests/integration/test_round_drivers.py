@@ -73,22 +73,17 @@ def truth() -> Callable[[Study], Truth]:
     return for_study
 
 
-def _install(monkeypatch: pytest.MonkeyPatch, measure: Truth) -> list[str]:
-    """Launches measured on the truth; returns the keys launched, in order."""
-    launched: list[str] = []
-    lock = threading.Lock()
+def _install(monkeypatch: pytest.MonkeyPatch, measure: Truth) -> None:
+    """Launches in this process measured on the truth."""
 
     def run_on_truth(ctx: TrialContext, config: ServeConfig, tdir: Path, **_: Any) -> TrialOutcome:
-        return _outcome(ctx, config, tdir, measure(config), launched, lock)
+        return _outcome(ctx, config, tdir, measure(config))
 
     monkeypatch.setattr(step_mod, "run_trial", run_on_truth)
-    return launched
 
 
-def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, m: Any, launched: list[str],
-             lock: threading.Lock) -> TrialOutcome:
-    with lock:
-        launched.append(config.key())
+def _outcome(ctx: TrialContext, config: ServeConfig, tdir: Path, m: Any) -> TrialOutcome:
+    """What ``run_trial`` returns for a launch of ``config`` measured as ``m`` (``search_truth.Outcome``)."""
     tdir.mkdir(parents=True, exist_ok=True)
     names = constraint_names(ctx.objective)
     started = m.launched and m.failure_class != "oom"
@@ -181,7 +176,7 @@ def _ray_trial_on_truth(config: Any, job: Any) -> dict[str, Any]:
 
     def run_on_truth(ctx: TrialContext, serve: ServeConfig, tdir: Path, **_: Any) -> TrialOutcome:
         point = guided.predictor.table.index_of[serve.key()]
-        return _outcome(ctx, serve, tdir, node.measure(point, np.random.default_rng(point)), [], threading.Lock())
+        return _outcome(ctx, serve, tdir, node.measure(point, np.random.default_rng(point)))
 
     assert ray_backend.ray_trial is not _ray_trial_on_truth, "runs in a Ray worker, where ray_trial is the real one"
     ray_backend.run_trial = run_on_truth  # this worker process only

@@ -259,11 +259,11 @@ class _WorkerSeat(ProgressSeat):
     is left to it (the twin's gate then compares with the other baselines only).
     """
 
-    worker: Worker | None = None
+    worker: Worker = field(kw_only=True)
 
     @contextlib.contextmanager
     def around(self, proposal: Proposal) -> Iterator[None]:
-        if self.worker is None or "control_for" not in proposal.trial.user_attrs:
+        if "control_for" not in proposal.trial.user_attrs:
             yield  # the proposal itself: the worker's loop holds its heartbeat
             return
         with heartbeat(proposal.trial, self.worker.options.heartbeat_interval_s):

@@ -146,8 +146,6 @@ class Round:
     and an abandoned proposal is queued again at once rather than on ``resume``."""
     stop_when_done: bool = False
     """``--stop-when-done``: :meth:`done` may end screening on the model's stop estimate."""
-    view: dict[str, Any] | None = None
-    """The model's view of the last launch learnt from (``--prior model``), else None."""
 
     @property
     def ostudy(self) -> optuna.Study:
@@ -204,9 +202,9 @@ class Round:
 
     # -- a launch and what it teaches ------------------------------------------------------------------
     def launch(self, proposal: Proposal, *, should_stop: Callable[[], bool],
-               on_phase: Callable[[str], None] | None = None) -> TrialOutcome:
-        """Run the trial here, record it, and learn from it. An interrupt marks it interrupted (FAIL), queues
-        it again in a shared study, and propagates."""
+               on_phase: Callable[[str], None] | None = None) -> tuple[TrialOutcome, dict[str, Any] | None]:
+        """Run the trial here, record it, and learn from it: its outcome and the model's view (:meth:`learn`).
+        An interrupt marks it interrupted (FAIL), queues it again in a shared study, and propagates."""
         try:
             outcome = self.step.launch(proposal, should_stop=should_stop, on_phase=on_phase)
         except KeyboardInterrupt:
@@ -214,8 +212,7 @@ class Round:
                 log.warning("interrupted: trial %d goes back to the queue", proposal.number)
                 self.requeue(proposal)
             raise
-        self.learn(proposal)
-        return outcome
+        return outcome, self.learn(proposal)
 
     def learned(self, proposal: Proposal, outcome: TrialOutcome) -> None:
         """A launch that ran elsewhere came back: record it, then learn from it as from one run here."""
@@ -225,8 +222,7 @@ class Round:
 
     def learn(self, proposal: Proposal) -> dict[str, Any] | None:
         """The guide's part of learning: the prior's correction refitted, the stop estimate, the residual."""
-        self.view = None if self.guided is None else self.guided.after_trial(self.ostudy, proposal.number)
-        return self.view
+        return None if self.guided is None else self.guided.after_trial(self.ostudy, proposal.number)
 
     def done(self) -> bool:
         """``--stop-when-done`` and the model gives untried configurations too small a chance to win."""
@@ -263,6 +259,6 @@ class Round:
             return
         with seat.around(proposal):
             on_phase = seat.launching(proposal)
-            outcome = self.launch(proposal, should_stop=seat.should_stop, on_phase=on_phase)
-        seat.launched(proposal, outcome, self.view)
+            outcome, view = self.launch(proposal, should_stop=seat.should_stop, on_phase=on_phase)
+        seat.launched(proposal, outcome, view)
         write_trials_table(self.ostudy, self.step.path)
