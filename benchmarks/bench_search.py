@@ -55,7 +55,15 @@ from tuner.objective import Objective, constraint_names  # noqa: E402
 from tuner.predict import Guide, ObjectiveModel, Predictor, space_table, wave_bench  # noqa: E402
 from tuner.predict.steptime import coefficient_arrays  # noqa: E402
 from tuner.search.envelope import objective_for  # noqa: E402
-from tuner.search.profile import TOPOLOGY_PARAM, HardwareProfile, bound_profile, draw_order, load_profile  # noqa: E402
+from tuner.search.profile import (  # noqa: E402
+    AGGREGATED,
+    DISAGG_PARAM,
+    TOPOLOGY_PARAM,
+    HardwareProfile,
+    bound_profile,
+    draw_order,
+    load_profile,
+)
 from tuner.search.space import build_config, suggest  # noqa: E402
 from tuner.study.guided import GuidedSearch  # noqa: E402
 from tuner.study.storage import ask_fixed, make_sampler  # noqa: E402
@@ -84,9 +92,14 @@ class Method:
     grid: bool = False
     explore: bool = True
     """--prior model: search by the measurements once the model is distrusted (False: the guide before issue 24)."""
+    second_spread: bool = True
+    """--prior model: once the model is distrusted, the second spread over topology × speculation first (False:
+    before issue 24's last step)."""
     spread: bool = True
     """--prior model: the first picks spread over topology × MoE kernel × batching (False: one per topology, MoE
     kernel and all2all class, before issue 24)."""
+    incumbent: bool = True
+    """The export confirms the best baseline beside the top screening values (False: before issue 24's last step)."""
     cap: int = 40
     """Launches at most (the cheap searches run longer, so that their medians are measured, not censored)."""
 
@@ -95,6 +108,9 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("model", "--prior model: the baselines, the prior's 3 picks spread over topology x MoE kernel x batching, "
            "then the corrected model's expected improvement; once its residuals exceed its stated uncertainty, "
            "a GP on the measurements around it", _quiet(lambda s: make_sampler(s)), guided=True),
+    Method("model-one-spread", "--prior model before issue 24's last step: no second spread once the model is "
+           "distrusted, the export confirms no baseline", _quiet(lambda s: make_sampler(s)), guided=True,
+           second_spread=False, incumbent=False),
     Method("model-classpicks", "ablation: --prior model with the first picks as before issue 24 (one per topology, "
            "MoE kernel and all2all class)", _quiet(lambda s: make_sampler(s)), guided=True, spread=False),
     Method("model-trusting", "--prior model before issue 24: its first picks, and it keeps ranking by the corrected "
@@ -130,13 +146,31 @@ class Node:
         return self.predictor.table
 
 
+def aggregated_only(profile: HardwareProfile) -> HardwareProfile:
+    """``profile`` without its prefill/decode layouts and their baselines: one ``vllm serve`` per launch.
+
+    Both truths read a launch as one server (the independent model parses one ``vllm serve``'s options; the
+    wave model's node is one server too), and a layout is two pools and a router, which neither models: the
+    independent model would fail every layout. The layouts came to h200x8 with issue 27, after the tables'
+    first runs, which had none; the search over layouts is tested with the prior's own model of them
+    (``tests/unit/test_disaggregation.py``)."""
+    if profile.disaggregation is None:
+        return profile
+    return profile.model_copy(update={
+        "disaggregation": profile.disaggregation.model_copy(update={"layouts": {}}),
+        "baselines": [b for b in profile.baselines if b.values.get(DISAGG_PARAM, AGGREGATED) == AGGREGATED]})
+
+
 def load_node(name: str, cache: Path = CACHE) -> Node:
     raw = load_profile(name)
     bound = bound_profile(raw, raw.server.checkpoint or "0731")
-    profile, checkpoint = bound.profile, bound.checkpoint
+    profile, checkpoint = aggregated_only(bound.profile), bound.checkpoint
     objective = objective_for(raw, "throughput")
     model = ObjectiveModel.from_objective(objective)
-    digest = hashlib.sha256((objective.model_dump_json() + profile.model_dump_json()).encode()).hexdigest()[:12]
+    # the pickled Predictor is stale when the code that builds it changes
+    code = b"".join((HERE.parent / "tuner" / "predict" / f).read_bytes()
+                    for f in ("guide.py", "table.py", "explore.py"))
+    digest = hashlib.sha256((objective.model_dump_json() + profile.model_dump_json()).encode() + code).hexdigest()[:12]
     key = f"{name}-{digest}.pkl"
     path = cache / "nodes" / key
     if path.exists():
@@ -224,13 +258,15 @@ EXPORT_AFTER = 12
 
 
 def exported_winner(truth: Any, points: list[int], measured: list[float | None], rng: np.random.Generator,
-                    after: int = EXPORT_AFTER) -> float | None:
+                    after: int = EXPORT_AFTER, baselines: frozenset[int] = frozenset()) -> float | None:
     """True value of the winner the study would export after ``after`` launches: its confirmation (as
-    ``tuner.study.confirm`` ships: the top 2 screening values, and any within 5 % of the second, each run
-    3 more times; a candidate is confirmed when every repeat met the SLOs and their spread is within 25 %
-    of their median; the best confirmed median − MAD wins, else the best screening value) on the same
-    node, with the node's noise. Each repeat runs the launch's ladder again (the study repeats the chosen
-    step, and steps down when a repeat misses an SLO there)."""
+    ``tuner.study.confirm`` ships: the top 2 screening values, and any within 5 % of the second, and the
+    best baseline that met the SLOs (``baselines``: their points), each run 3 more times; a candidate is
+    confirmed when every repeat met the SLOs and their spread is within 25 % of their median; the best
+    confirmed median − MAD wins, unless the confirmed baseline's median + MAD is as high: then the baseline;
+    with none confirmed, the best screening value) on the same node, with the node's noise.
+    Each repeat runs the launch's ladder again (the study repeats the chosen step, and steps down when a
+    repeat misses an SLO there)."""
     screened = sorted(((m, p) for m, p in zip(measured[:after], points[:after], strict=True) if m),
                       reverse=True)
     if not screened:
@@ -245,7 +281,10 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
             break
         seen.add(p)
         candidates.append(p)
-    best, best_point = -math.inf, candidates[0]
+    incumbent = next((p for _, p in screened if p in baselines), None)
+    if incumbent is not None and incumbent not in seen:
+        candidates.append(incumbent)
+    confirmed: dict[int, tuple[float, float]] = {}  # point: (median, MAD) of its accepted repeats
     for p in candidates:
         runs = [truth.measure(p, rng) for _ in range(CONFIRM_REPEATS)]
         if not all(o.feasible for o in runs):
@@ -254,9 +293,12 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
         med = statistics.median(vals)
         if med <= 0 or (max(vals) - min(vals)) / med > CONFIRM_MAX_SPREAD:
             continue
-        robust = med - statistics.median(abs(v - med) for v in vals)
-        if robust > best:
-            best, best_point = robust, p
+        confirmed[p] = (med, statistics.median(abs(v - med) for v in vals))
+    best_point = max(confirmed, key=lambda q: confirmed[q][0] - confirmed[q][1]) if confirmed else candidates[0]
+    if incumbent in confirmed and best_point != incumbent:  # a challenger must clear the recipe's spread
+        med, spread = confirmed[incumbent]
+        if confirmed[best_point][0] - confirmed[best_point][1] <= med + spread:
+            best_point = incumbent
     return float(truth.value[best_point])
 
 
@@ -293,7 +335,8 @@ def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, 
         guided = None
         if method.guided:
             guided = GuidedSearch(Guide(node.predictor, noise_sd=noise, seed=seed, learn=method.learn,
-                                        explore_when_distrusted=method.explore), node.profile, spread=method.spread)
+                                        explore_when_distrusted=method.explore, second_spread=method.second_spread),
+                                  node.profile, spread=method.spread)
             guided.enqueue_prior(study)
         launched: dict[str, int] = {}
         start_failed: set[str] = set()
@@ -367,7 +410,8 @@ def run_study(node: Node, truth: search_truth.Truth, method: Method, seed: int, 
                 launched[key] = trial.number
                 continue
             launch(trial, config)
-    exported = exported_winner(truth, points, measured, np.random.default_rng(seed * 104729 + 3))
+    exported = exported_winner(truth, points, measured, np.random.default_rng(seed * 104729 + 3),
+                               baselines=frozenset(baseline_points(node)) if method.incumbent else frozenset())
     baseline = max((float(truth.value[p]) for p in baseline_points(node)), default=0.0)
     distrust = guided.distrust_at() if guided is not None and hasattr(guided, "distrust_at") else None
     return Run(node.name, method.name, seed, truth.optimum, values, failed, controls, chance,
@@ -608,7 +652,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
                               key=lambda r: r["seed"])
                 params = n.table.params
                 summary["nodes"][node][method]["cells_launched"] = [
-                    dict(Counter(f"{params[p]['topology']}|{params[p].get('speculative.draft_tokens', 0)}"
+                    dict(Counter(f"{params[p].get('topology', params[p].get('disaggregation'))}|"
+                                 f"{params[p].get('speculative.draft_tokens', 0)}"
                                  for p in r.get("points", []))) for r in mine]
         optima = sorted({(r["seed"], r["optimum"]) for r in rows if r["node"] == node})
         summary["nodes"][node]["_optimum_tok_s"] = {"median": statistics.median(o for _, o in optima),
@@ -638,7 +683,10 @@ def cmd_reexport(args: argparse.Namespace) -> int:
         truth = make_truth(node, seed, spread, kind)
         for r in mine:
             measured = r["measured"]
-            exported = exported_winner(truth, r["points"], measured, np.random.default_rng(seed * 104729 + 3))
+            method = METHODS.get(r["method"])
+            incumbent = frozenset(baseline_points(node)) if method is None or method.incumbent else frozenset()
+            exported = exported_winner(truth, r["points"], measured, np.random.default_rng(seed * 104729 + 3),
+                                       baselines=incumbent)
             r["exported_12"] = None if exported is None else round(exported, 2)
         print(f"{node_name} seed {seed}: {len(mine)} runs re-exported", file=sys.stderr, flush=True)
     args.cache.write_text("".join(json.dumps(r) + "\n" for r in rows))

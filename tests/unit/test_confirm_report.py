@@ -92,3 +92,28 @@ def test_markdown_to_html_escapes_and_tabulates() -> None:
     assert "<h1>T &lt;x&gt;</h1>" in page
     assert "<th>a</th>" in page and "<td>&lt;b&gt;</td>" in page
     assert "src='p.png'" in page
+
+
+def test_a_challenger_displaces_the_confirmed_recipe_only_beyond_its_spread() -> None:
+    spec = ConfirmSpec()
+    recipe = judge(0, "r", [100.0, 96.0, 103.0], all_feasible=True, spec=spec, maximize=True, trial_dir="r",
+                   speculative=False)  # median 100, MAD 3: its spread reaches 103
+    close = judge(7, "c", [104.0, 103.0, 105.0], all_feasible=True, spec=spec, maximize=True, trial_dir="c",
+                  speculative=False)  # robust 103: inside the recipe's spread
+    clear = judge(8, "d", [110.0, 109.0, 111.0], all_feasible=True, spec=spec, maximize=True, trial_dir="d",
+                  speculative=False)  # robust 109: beyond it
+    assert pick_winner([recipe, close], maximize=True).trial == 7  # type: ignore[union-attr]  # no incumbent named
+    assert pick_winner([recipe, close], maximize=True, incumbent=0).trial == 0  # type: ignore[union-attr]
+    assert pick_winner([recipe, close, clear], maximize=True, incumbent=0).trial == 8  # type: ignore[union-attr]
+    rejected = judge(0, "r", [100.0, 60.0, 103.0], all_feasible=True, spec=spec, maximize=True, trial_dir="r",
+                     speculative=False)  # its repeats disagree: no longer a bar to clear
+    assert pick_winner([rejected, close], maximize=True, incumbent=0).trial == 7  # type: ignore[union-attr]
+    # minimizing (a latency objective): the recipe's spread reaches down to its median − MAD, 97
+    low = judge(0, "r", [100.0, 96.0, 103.0], all_feasible=True, spec=spec, maximize=False, trial_dir="r",
+                speculative=False)
+    lower = judge(7, "c", [95.0, 94.0, 96.0], all_feasible=True, spec=spec, maximize=False, trial_dir="c",
+                  speculative=False)  # robust (median + MAD) 96: below 97
+    near = judge(9, "n", [97.0, 96.0, 98.0], all_feasible=True, spec=spec, maximize=False, trial_dir="n",
+                 speculative=False)  # robust 98: inside the recipe's spread
+    assert pick_winner([low, lower], maximize=False, incumbent=0).trial == 7  # type: ignore[union-attr]
+    assert pick_winner([low, near], maximize=False, incumbent=0).trial == 0  # type: ignore[union-attr]

@@ -103,6 +103,11 @@ def test_the_report_shows_predicted_against_measured_and_the_factors(tmp_path: P
     assert "| ±13% | -1.4 | model |" in text
     assert "— (expected to run) | **measurements** |" in text
     assert "stopped trusting the model after launch 2** (trial 1): 2 launches the model expected" in text
+    assert "second spread" not in text
+    history.append({**history[1], "trial": 2, "launches": 3, "led_by": "spread"})
+    (tmp_path / PREDICTION_FILE).write_text(json.dumps({"history": history, "objective": "x"}))
+    text = "\n".join(prediction_section(tmp_path))
+    assert "the **second spread** measured what the model had no launch for" in text and "trial 2." in text
 
 
 def test_plan_shows_the_predicted_optimum_the_top_and_the_picks(profile: object) -> None:

@@ -2,10 +2,11 @@
 
 The node is the independent model (``tuner/engines/emulated/independent``: no code or constant of the prior),
 as ``benchmarks/bench_search.py --truth independent`` runs it, on gh200x4, seeds 0-7 of the table, 12 launches
-each. ``--prior model`` as it ships must stay above the bars below. They are regression bars, set from what
-it measured there with some room (the issue's goal is judged on the full table: 30 seeds, both nodes, every
-search, in docs/evidence/search-independent/ and docs/search.md, section 2b); the median launches to 95 %
-is the goal's own bar.
+each; and on h200x8, seeds 0-3, 16 launches each, for the second spread (the optimum there is often a
+topology × speculation cell the model ranks low). ``--prior model`` as it ships must stay above the bars
+below. They are regression bars, set from what it measured there with some room (the issue's goal is judged
+on the full table: 30 seeds, both nodes, every search, in docs/evidence/search-independent/ and
+docs/search.md, section 2b); the median launches to 95 % is the goal's own bar.
 """
 
 from __future__ import annotations
@@ -16,16 +17,24 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import load_benchmark
+from tuner.predict.explore import cell_of
 
 SEEDS = range(8)
 CAP = 12
 MEDIAN_TO_95 = 8
 """The issue's goal: 95 % of the optimum within 8 launches in the median (measured: 6 on these seeds)."""
 EXPORTED_FLOOR = 0.88
-"""Every seed's winner exported after 12 launches is at least this share of the optimum (measured: 0.90 at worst)."""
+"""Every seed's winner exported after 12 launches is at least this share of the optimum (measured: 0.89 at worst)."""
 BASELINE_SLACK = 0.06
-"""No seed's exported winner falls below the best seeded baseline by more than this share (measured: 0.05 at
-worst, seed 0: the node's noise put a lesser configuration's screening value above the baseline's)."""
+"""No seed's exported winner falls below the best seeded baseline by more than this share (measured: 0.057 at
+worst, seed 0: the baseline's own confirmation did not hold, so it was no bar to clear)."""
+H200_SEEDS = range(4)
+H200_CAP = 16
+SPECULATIVE_CELLS = 3
+"""Topologies whose speculative gain the second spread measured within 16 launches, at least (measured: 3-5)."""
+H200_EXPORTED = 0.95
+"""Each of these seeds' winner exported after 12 launches, as a share of the optimum (measured: 0.952 at worst,
+seed 3; without the second spread the same seeds export the same winners: the spread's gain there is later)."""
 DISTRUSTED = 5
 """Seeds on which the guide stops trusting the model within 12 launches (measured: 6 of 8)."""
 
@@ -79,3 +88,27 @@ def test_the_exported_winner_is_good_and_never_below_the_best_baseline(runs: lis
 def test_the_guide_noticed_the_model_was_wrong(runs: list[object]) -> None:
     at = [r.distrust_at for r in runs]  # type: ignore[attr-defined]
     assert sum(a is not None for a in at) >= DISTRUSTED, at
+
+
+@pytest.fixture(scope="module")
+def h200(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> object:
+    return bench.load_node("h200x8", cache=tmp_path_factory.mktemp("bench-search-h200"))
+
+
+def _speculative_cells(node: object, run: object) -> set[object]:
+    params = node.table.params  # type: ignore[attr-defined]
+    return {cell_of(params[p]) for p in run.points if cell_of(params[p])[1]}  # type: ignore[attr-defined]
+
+
+def test_on_h200x8_the_second_spread_measures_what_the_model_ranks_low(bench: ModuleType, h200: object) -> None:
+    """Once the model is distrusted the guide measures each competitive topology's speculative gain before it
+    refines; without the second spread (the ablation) it launches no speculative configuration at all."""
+    for seed in H200_SEEDS:
+        truth = bench.make_truth(h200, seed, 0.2, "independent")
+        run = bench.run_study(h200, truth, bench.METHODS["model"], seed, H200_CAP, stop_when_reached=False)
+        assert run.distrust_at is not None
+        assert len(_speculative_cells(h200, run)) >= SPECULATIVE_CELLS, (seed, _speculative_cells(h200, run))
+        assert run.exported_12 is not None and run.exported_12 >= H200_EXPORTED * run.optimum, seed
+    truth = bench.make_truth(h200, 0, 0.2, "independent")
+    ablation = bench.run_study(h200, truth, bench.METHODS["model-one-spread"], 0, H200_CAP, stop_when_reached=False)
+    assert not _speculative_cells(h200, ablation)

@@ -217,3 +217,56 @@ def test_report_names_the_winner_the_failures_and_the_trials_a_client_limited(
         if t.number not in flagged:
             assert f"| {t.number} | " not in section
     assert "## Failures" in text
+
+
+def _lucky_screening(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """A noisy node: every launch but the baseline screens 30 % above what its repeats then measure.
+
+    The baseline (max-num-seqs 64) is worth 150 and measures it every time; any other configuration is
+    worth 120 + its max-num-seqs / 4 (at most 128), and screens once at 1.3 times that: the screening
+    ranks it above the recipe, and only confirmation shows it is worth less.
+    """
+    calls: list[tuple[str, int]] = []
+
+    def run_trial(ctx: TrialContext, config: ServeConfig, tdir: Path, *, should_stop: Any = None,
+                  on_phase: Any = None, repeats: int = 1) -> TrialOutcome:
+        calls.append((config.key(), repeats))
+        tdir.mkdir(parents=True, exist_ok=True)
+        seqs = int(config.args["max-num-seqs"])
+        worth = 150.0 if seqs == 64 and not config.is_speculative else 120.0 + seqs / 4
+        value = worth if repeats > 1 or seqs == 64 else 1.3 * worth
+        met = tuple(-0.5 for _ in constraint_names(ctx.objective))
+        return TrialOutcome(ok=True, value=value, constraints=met, failure_class=None, reason="synthetic",
+                            summary={"output_throughput": value}, server_metrics={}, ready_s=1.0, duration_s=100.0,
+                            trial_dir=str(tdir), config_key=config.key(), repeat_values=(value,) * repeats)
+
+    monkeypatch.setattr(step_mod, "run_trial", run_trial)
+    return calls
+
+
+@pytest.mark.parametrize("incumbent", [True, False])
+def test_the_best_baseline_is_confirmed_beside_the_candidates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              incumbent: bool) -> None:
+    from tuner.study.confirm import ConfirmSpec
+
+    calls = _lucky_screening(monkeypatch)
+    record = synthetic_record(tmp_path, name="s", trials=6, top_k=2)
+    record = record.model_copy(update={"confirm": ConfirmSpec(top_k=2, repeats=2, incumbent=incumbent)})
+    study_obj = Study.create(record, tmp_path / "runs")
+    optuna_study = study_obj.run()
+    baseline = next(t for t in optuna_study.trials if t.user_attrs.get("baseline"))
+    assert baseline.value == 150.0 and not baseline.user_attrs.get("interrupted")
+    screened_higher = [t for t in optuna_study.trials if (t.value or 0) > 150.0]
+    assert len(screened_higher) >= 2, "the lucky screening must put two trials above the recipe"
+    confirmed = {c.trial for c in study_obj.confirmations(optuna_study)}
+    winner = study_obj.winner(optuna_study)
+    assert winner is not None and winner.confirmed
+    if incumbent:
+        # the recipe is confirmed too, and it wins: the candidates' repeats measure them below it
+        assert baseline.number in confirmed
+        assert winner.trial == baseline.number and winner.value == 150.0
+    else:
+        assert baseline.number not in confirmed
+        assert winner.trial != baseline.number and winner.value < 150.0
+    # one confirmation launch (with its repeats) per verdict stored
+    assert sum(1 for _, repeats in calls if repeats > 1) == len(study_obj.confirmations(optuna_study))

@@ -10,7 +10,7 @@ import pytest
 
 from tuner.objective import Objective, Workload
 from tuner.predict import Guide, Predictor, predictor_for
-from tuner.predict.explore import failure_rate
+from tuner.predict.explore import AMPLITUDE_FLOOR, ResidualGP, cell_of, failure_rate, speculative_twins
 from tuner.predict.trust import Residual, Trust
 from tuner.search import bind_checkpoint, load_checkpoint, load_profile
 
@@ -81,7 +81,7 @@ def test_a_node_slower_than_the_model_says_hands_the_search_to_the_measurements(
     assert not guide.trust.trusted and guide.trust.distrust_at is not None
     assert all(r.sd > 0 for r in guide.trust.residuals)
     choice = guide.next_point()
-    assert choice is not None and choice.led_by == "measurements"
+    assert choice is not None and choice.led_by in ("spread", "measurements")
     assert choice.point not in top[:3]
 
 
@@ -103,3 +103,64 @@ def test_the_measured_failure_rate_follows_the_launches_that_failed(predictor: P
     rate = failure_rate(codes, [(failed, True), (ran, False)], np.array([near_failed, near_ran]))
     assert rate[0] > 0.5 > rate[1]
     assert failure_rate(codes, [], np.array([0])).tolist() == [0.0]
+
+
+def _distrusted(predictor: Predictor, shares: tuple[float, ...] = (1 / 3, 1 / 3, 1 / 3),
+                **kwargs: object) -> tuple[Guide, list[int]]:
+    """A guide that measured the model's favourites at ``shares`` of their prediction (it distrusts the model)."""
+    guide = Guide(predictor, seed=0, **kwargs)  # type: ignore[arg-type]
+    top = [r.point for r in predictor.ranking(top=len(shares))]
+    for point, share in zip(top, shares, strict=True):
+        _observe(guide, point, (predictor.prior_value(point) or 0.0) * share)
+    assert not guide.trust.trusted
+    return guide, top
+
+
+def test_the_second_spread_measures_each_cell_the_model_has_no_launch_for_then_hands_over(
+        predictor: Predictor) -> None:
+    guide, _top = _distrusted(predictor)
+    params = predictor.table.params
+    spread: list[int] = []
+    for _ in range(12):
+        choice = guide.next_point()
+        assert choice is not None
+        if choice.led_by != "spread":
+            break
+        before = guide.launched_points
+        tried = {cell_of(params[p]) for p in before}
+        topology, speculates = cell_of(params[choice.point])
+        if speculates:  # the speculative twin of a launch that ran: its control has run, one launch
+            assert (topology, True) not in tried
+            assert any(choice.point in speculative_twins(predictor.table, p) for p in before)
+        else:  # a topology never launched
+            assert all(where != topology for where, _ in tried)
+        spread.append(choice.point)
+        _observe(guide, choice.point, (predictor.prior_value(choice.point) or 1000.0) / 3)
+    else:
+        pytest.fail("the second spread never handed over to the GP")
+    assert choice.led_by == "measurements"
+    assert spread  # the favourites' topology speculates at least
+    assert len({cell_of(params[p]) for p in spread}) == len(spread)  # one launch per cell
+    # a node uniformly slower than the model (every launch at a third) makes no unlaunched topology likelier
+    assert all(cell_of(params[p])[1] for p in spread)
+
+
+def test_without_the_second_spread_the_gp_leads_at_once(predictor: Predictor) -> None:
+    guide, _top = _distrusted(predictor, second_spread=False)
+    choice = guide.next_point()
+    assert choice is not None and choice.led_by == "measurements"
+
+
+def test_one_launch_moves_the_gp_for_its_whole_cell() -> None:
+    """The GP's cell term: a residual measured at one configuration lifts the configurations of its cell that
+    differ from it in many levers, and not those of another cell as far away."""
+    codes = np.array([[0, 0, 0, 0, 0, 0],   # the launch, cell 0
+                      [0, 1, 1, 1, 1, 0],   # same cell, four levers away
+                      [1, 0, 1, 1, 1, 0]])  # another cell (its first lever), as far
+    cells = np.array([0, 0, 1])
+    gp = ResidualGP(codes, cells, np.ones(6), amp2=AMPLITUDE_FLOOR ** 2, noise2=0.05 ** 2)
+    mean, sd = gp.posterior(np.array([0]), np.array([0.7]), np.array([1, 2]))
+    assert mean[0] > 0.4 > 0.1 > mean[1]  # the cell moves with its launch; the other cell hardly
+    assert sd[0] < sd[1]
+    alone = ResidualGP(codes, np.array([0, 1, 2]), np.ones(6), amp2=AMPLITUDE_FLOOR ** 2, noise2=0.05 ** 2)
+    assert alone.posterior(np.array([0]), np.array([0.7]), np.array([1]))[0][0] < 0.1  # without it, nothing

@@ -33,7 +33,7 @@ import numpy as np
 from tuner.failures import FailureClass
 from tuner.perfmodel import NOMINAL, Coefficients
 from tuner.predict.correction import PRIOR_SD, Correction, Factor, Observation, apply, factors_for, fit
-from tuner.predict.explore import explore
+from tuner.predict.explore import cell_codes, explore, second_spread
 from tuner.predict.fluid import startup_ok, wave_bench
 from tuner.predict.steptime import coefficient_arrays
 from tuner.predict.surface import SLO_FIGURES, ObjectiveModel, Surface, evaluate
@@ -50,6 +50,8 @@ SPECULATION_MARGIN = 0.10
 """A prior pick speculates only when predicted this much better than its class's best without speculation."""
 SPREAD_DIFFER_IN = 2
 """The first picks differ from each other and from the baselines in this many of topology, MoE kernel, batching."""
+SPREAD_PAUSE = 0.1
+"""A launch of the second spread that comes within this share of the best is refined (one GP launch) first."""
 NUMERICS_LEVERS = ("moe-backend", "all2all-backend", "kv-cache-dtype", "quantization", "dtype", DRAFT_TOKENS_PARAM)
 """Levers that change what the model computes: a failed correctness gate is blamed on these alone."""
 
@@ -76,7 +78,8 @@ class Choice:
     p_fail: float
     led_by: str = "model"
     """``model``: the corrected model's expected improvement; ``measurements``: the model is distrusted and
-    the measurement-led GP chose (:mod:`tuner.predict.explore`)."""
+    the measurement-led GP chose (:mod:`tuner.predict.explore`); ``spread``: the model is distrusted and the
+    second spread chose (:func:`~tuner.predict.explore.second_spread`)."""
 
 
 def _class_key(table: SpaceTable, row: int) -> tuple[object, ...]:
@@ -127,6 +130,8 @@ class Predictor:
             if row >= 0 and int(row) in self.row_to_pool:
                 self.points_of_row.setdefault(int(row), []).append(point)
         self.codes = _encode(table)
+        self.cells = cell_codes(table)
+        """The cell (topology × speculation) of every point, as an integer (:func:`~tuner.predict.explore.cell_of`)."""
         # A speculative point launches its no-speculation control first (the study's rule): its twin.
         self.control_of: dict[int, int] = {}
         for points in self.points_of_row.values():
@@ -302,6 +307,9 @@ class Guide:
     """False: never refit (the prior's ranking alone, with the failure memory; an ablation for the benchmark)."""
     explore_when_distrusted: bool = True
     """False: keep ranking by the corrected model after it is distrusted (an ablation for the benchmark)."""
+    second_spread: bool = True
+    """Once distrusted, measure each competitive topology's speculative gain and the topologies never launched
+    before refining (:func:`~tuner.predict.explore.second_spread`); False: an ablation for the benchmark."""
     launches: list[_Launch] = field(default_factory=list)
     correction: Correction | None = None
     trust: Trust = field(default_factory=Trust)
@@ -524,12 +532,29 @@ class Guide:
         ran = {None, "", FailureClass.SLO_VIOLATED.value, FailureClass.INFEASIBLE.value,
                FailureClass.INTERRUPTED.value}
         outcomes = [(launch.point, launch.failure_class not in ran) for launch in self.launches]
-        found = explore(self.predictor, self.coefficients(), observed, launched, self._p_fail, cost, self._rng,
-                        noise_sd=self.noise_sd, exclude=exclude, outcomes=outcomes)
+        led_by = "spread"
+        found = second_spread(self.predictor, self.coefficients(), observed, launched, self._p_fail, exclude=exclude,
+                              cells=self.predictor.cells) if self.second_spread and not self._refine_first() else None
+        if found is None:
+            led_by = "measurements"
+            found = explore(self.predictor, self.coefficients(), observed, launched, self._p_fail, cost, self._rng,
+                            noise_sd=self.noise_sd, exclude=exclude, outcomes=outcomes, cells=self.predictor.cells)
         if found is None:
             return None
         return Choice(point=found.point, predicted=found.predicted, expected_improvement=found.expected_improvement,
-                      p_fail=found.p_fail, led_by="measurements")
+                      p_fail=found.p_fail, led_by=led_by)
+
+    def _refine_first(self) -> bool:
+        """The last launch opened a cell (topology × speculation) and measured within :data:`SPREAD_PAUSE` of the
+        best before it: the GP refines once there before the second spread goes on."""
+        if not self.launches:
+            return False
+        last, earlier = self.launches[-1], self.launches[:-1]
+        cells = self.predictor.cells
+        if not last.feasible or not last.value or any(cells[e.point] == cells[last.point] for e in earlier):
+            return False
+        before = max((e.value or 0.0 for e in earlier if e.feasible), default=0.0)
+        return last.value >= (1.0 - SPREAD_PAUSE) * before
 
     def p_fail_of(self, point: int) -> float:
         """The failure memory's chance that ``point`` fails as a launched neighbour did."""

@@ -55,6 +55,10 @@ class ConfirmSpec(BaseModel):
     noise: float = Field(default=0.05, ge=0)
     """The relative noise of one screening value while no confirmation has measured it: a trial within
     this much of the last candidate is confirmed too (the winner must beat it by more than the noise)."""
+    incumbent: bool = True
+    """Confirm the best baseline that met the SLOs beside the candidates, when it is not one of them: the
+    winner then beats the recipe in confirmation, not in one screening run (a candidate that screened high
+    once on a noisy node is not exported over a recipe it does not beat)."""
 
 
 @dataclass(frozen=True)
@@ -115,11 +119,23 @@ def judge(trial: int, config_key: str, values: Sequence[float], *, all_feasible:
                         speculative, control_of, concurrency)
 
 
-def pick_winner(confirmations: Sequence[Confirmation], *, maximize: bool) -> Confirmation | None:
+def pick_winner(confirmations: Sequence[Confirmation], *, maximize: bool,
+                incumbent: int | None = None) -> Confirmation | None:
+    """The accepted confirmation with the best robust score (median − k·MAD).
+
+    ``incumbent``: the screening trial of the best baseline, when it was confirmed beside the candidates. A
+    challenger then displaces it only when the challenger's robust score beats the incumbent's median by more
+    than the incumbent's MAD (their spreads do not overlap): a win inside the node's noise keeps the recipe.
+    """
     accepted = [c for c in confirmations if c.accepted]
     if not accepted:
         return None
-    return max(accepted, key=lambda c: c.robust if maximize else -c.robust)
+    sign = 1.0 if maximize else -1.0
+    best = max(accepted, key=lambda c: sign * c.robust)
+    held = next((c for c in accepted if c.trial == incumbent and c.control_of is None), None)
+    if held is None or best is held:
+        return best
+    return best if sign * best.robust > sign * held.median + held.mad else held
 
 
 RunTrial = Callable[..., TrialOutcome]
@@ -258,10 +274,14 @@ class ConfirmationPhase:
         return [Confirmation(**{**c, "values": tuple(c["values"])}) for c in study.user_attrs.get("confirmations", [])]
 
     def candidates(self, study: optuna.Study) -> list[tuple[int, ServeConfig, int | None]]:
-        """Top-k distinct feasible screening trials, each speculative one followed by its control."""
+        """Top-k distinct feasible screening trials, then the incumbent (the best baseline that met the SLOs,
+        :attr:`ConfirmSpec.incumbent`), each speculative one followed by its control."""
         ranked = sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0), reverse=self.maximize)
         noise = measured_noise(self.confirmations(study), default=self.spec.noise)
         top = ranked[: within_noise([float(t.value or 0.0) for t in ranked], self.spec.top_k, noise)]
+        incumbent = self.incumbent(study)
+        if top and incumbent is not None and incumbent not in {t.number for t in top}:
+            top.append(study.trials[incumbent])
         out: list[tuple[int, ServeConfig, int | None]] = []
         seen: set[str] = set()
         for t in top:
@@ -274,6 +294,13 @@ class ConfirmationPhase:
                 seen.add(config.control().key())
         return out
 
+    def incumbent(self, study: optuna.Study) -> int | None:
+        """The best baseline that met the SLOs in screening (its trial number), when the spec confirms it."""
+        if not self.spec.incumbent:
+            return None
+        ranked = sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0), reverse=self.maximize)
+        return next((t.number for t in ranked if t.user_attrs.get("baseline")), None)
+
     def reserve_s(self, study: optuna.Study) -> float:
         """Wall time to keep for this phase when deciding whether to screen once more."""
         if self.spec.top_k == 0:
@@ -285,7 +312,12 @@ class ConfirmationPhase:
         load = statistics.median(max(0.0, float(t.user_attrs["duration_s"]) - float(t.user_attrs.get("ready_s") or 0.0))
                                  for t in finished)
         per_candidate = launch + load * self.spec.repeats * self.spec.workload_scale
-        return per_candidate * self.spec.top_k * 1.5  # controls of speculative candidates, roughly
+        return per_candidate * self.planned  # controls of speculative candidates, roughly
+
+    @property
+    def planned(self) -> float:
+        """Confirmation launches to plan for: the top-k, half as many controls again, and the incumbent."""
+        return self.spec.top_k * 1.5 + (1.0 if self.spec.incumbent and self.spec.top_k else 0.0)
 
     def with_budget_for_repeats(self, study: optuna.Study, remaining_s: float | None) -> ConfirmationPhase:
         """This phase with more repeats per candidate, to fill ``remaining_s`` (``--stop-when-done``; at most 10)."""
@@ -300,7 +332,7 @@ class ConfirmationPhase:
             deadline: float | None = None, clock: StudyClock = WALL) -> None:
         if self.spec.top_k == 0:
             return
-        per_candidate_s = self.reserve_s(study) / (self.spec.top_k * 1.5)
+        per_candidate_s = self.reserve_s(study) / self.planned
         done = {(c.trial, c.config_key) for c in self.confirmations(study)}
         todo = [(n, c, of) for n, c, of in self.candidates(study) if (n, c.key()) not in done]
         progress.stage, progress.confirm_planned, progress.confirm_done = "confirmation", len(todo), 0
@@ -393,7 +425,7 @@ class ConfirmationPhase:
         """
         confirmations = self.confirmations(study)
         off = self.spec.top_k == 0
-        chosen = pick_winner(confirmations, maximize=self.maximize)
+        chosen = pick_winner(confirmations, maximize=self.maximize, incumbent=self.incumbent(study))
         if chosen is not None:
             return Winner(trial=chosen.trial, trial_dir=self.path / chosen.trial_dir, value=chosen.median,
                           confirmed=True, confirmation=chosen, all_confirmations=tuple(confirmations),

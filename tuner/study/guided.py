@@ -289,6 +289,11 @@ def prediction_section(study_path: Path, plot: Path | None = None) -> list[str]:
                   f"{distrusted['trial']}): {why}. "
                   "From then on the next launch was chosen by a GP on the measurements around the model "
                   "(`tuner/predict/explore.py`), and `--stop-when-done` does not stop on the model's estimate.", ""]
+        spread = [str(h["trial"]) for h in history if h.get("led_by") == "spread"]
+        if spread:
+            lines += [f"Before the GP refined, the **second spread** measured what the model had no launch for "
+                      f"(each competitive topology's speculative gain, and the topologies it never launched): "
+                      f"trial{'s' if len(spread) > 1 else ''} {', '.join(spread)}.", ""]
     else:
         lines += ["The guide trusted the model throughout: its residuals stayed within about twice the uncertainty it "
                   "stated.", ""]

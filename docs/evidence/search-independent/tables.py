@@ -15,8 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ORDER = ("model", "model-classpicks", "model-trusting", "tpe", "gp", "random", "grid")
-LABEL = {"model": "**`--prior model`** (this issue)",
+ORDER = ("model", "model-one-spread", "model-before", "model-classpicks", "model-trusting", "tpe", "gp", "random",
+         "grid")
+LABEL = {"model": "**`--prior model`** (this issue: second spread, cell GP, confirmed recipe)",
+         "model-one-spread": "`--prior model` without the second spread or the confirmed recipe (ablation)",
+         "model-before": "`--prior model`, this issue's first step (earlier run)",
          "model-classpicks": "`--prior model`, first picks as before (ablation)",
          "model-trusting": "`--prior model` before this issue",
          "tpe": "TPE multivariate (`--prior none`)", "gp": "GPSampler", "random": "random search",
@@ -25,6 +28,15 @@ LABEL = {"model": "**`--prior model`** (this issue)",
 
 def _summary(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+
+
+def heldout(folder: Path) -> str:
+    """The same table on seeds the search was never developed on (``heldout/summary.json``: seeds 200-229)."""
+    return launches(folder / "heldout")
+
+
+def heldout_goal(folder: Path) -> str:
+    return goal(folder / "heldout")
 
 
 def _truth(folder: Path) -> dict[str, Any]:
@@ -191,5 +203,6 @@ def wall(folder: Path) -> str:
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
-    "launches": launches, "goal": goal, "optimum_cells": optimum_cells, "distrust": distrust, "truth": truth,
-    "calibration": calibration, "total": total, "wall": wall}
+    "heldout": heldout, "heldout_goal": heldout_goal, "launches": launches, "goal": goal,
+    "optimum_cells": optimum_cells, "distrust": distrust, "truth": truth, "calibration": calibration,
+    "total": total, "wall": wall}
