@@ -94,12 +94,13 @@ class Method:
     """--prior model: search by the measurements once the model is distrusted (False: the guide before issue 24)."""
     second_spread: bool = True
     """--prior model: once the model is distrusted, the second spread over topology × speculation first (False:
-    before issue 24's last step)."""
+    the GP leads at once, as in issue 24's first step)."""
     spread: bool = True
     """--prior model: the first picks spread over topology × MoE kernel × batching (False: one per topology, MoE
     kernel and all2all class, before issue 24)."""
     incumbent: bool = True
-    """The export confirms the best baseline beside the top screening values (False: before issue 24's last step)."""
+    """The export confirms the best baseline beside the top screening values (False: as before issue 24's second
+    step)."""
     cap: int = 40
     """Launches at most (the cheap searches run longer, so that their medians are measured, not censored)."""
 
@@ -107,10 +108,12 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("model", "--prior model: the baselines, the prior's 3 picks spread over topology x MoE kernel x batching, "
            "then the corrected model's expected improvement; once its residuals exceed its stated uncertainty, "
-           "a GP on the measurements around it", _quiet(lambda s: make_sampler(s)), guided=True),
-    Method("model-one-spread", "--prior model before issue 24's last step: no second spread once the model is "
-           "distrusted, the export confirms no baseline", _quiet(lambda s: make_sampler(s)), guided=True,
-           second_spread=False, incumbent=False),
+           "a second spread over topology x speculation, then a GP on the measurements around it that shares "
+           "one offset per cell; the export confirms the best baseline beside the winner",
+           _quiet(lambda s: make_sampler(s)), guided=True),
+    Method("model-one-spread", "ablation: --prior model without issue 24's second spread (once the model is "
+           "distrusted the GP leads at once; the GP that knows cells is kept) and without the confirmed baseline",
+           _quiet(lambda s: make_sampler(s)), guided=True, second_spread=False, incumbent=False),
     Method("model-classpicks", "ablation: --prior model with the first picks as before issue 24 (one per topology, "
            "MoE kernel and all2all class)", _quiet(lambda s: make_sampler(s)), guided=True, spread=False),
     Method("model-trusting", "--prior model before issue 24: its first picks, and it keeps ranking by the corrected "
