@@ -65,6 +65,7 @@ from tuner.search.profile import (  # noqa: E402
     load_profile,
 )
 from tuner.search.space import build_config, suggest  # noqa: E402
+from tuner.study.confirm import ConfirmSpec, judge, pick_winner  # noqa: E402
 from tuner.study.guided import GuidedSearch  # noqa: E402
 from tuner.study.storage import ask_fixed, make_sampler  # noqa: E402
 
@@ -253,10 +254,8 @@ def _tell_duplicate(study: optuna.Study, trial: optuna.Trial, first: int) -> Non
     study.tell(trial, frozen.value if frozen.value is not None else 0.0)
 
 
-CONFIRM_TOP_K = 2
-CONFIRM_REPEATS = 3
-CONFIRM_NOISE = 0.05
-CONFIRM_MAX_SPREAD = 0.25
+CONFIRM = ConfirmSpec()
+"""The study's confirmation as it ships: top 2, and any within 5 % of the second, 3 repeats, spread ≤ 25 %."""
 EXPORT_AFTER = 12
 
 
@@ -279,29 +278,21 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
     for m, p in screened:
         if p in seen:
             continue
-        if len(candidates) >= CONFIRM_TOP_K and m < screened[min(CONFIRM_TOP_K, len(screened)) - 1][0] * (
-                1.0 - CONFIRM_NOISE):
+        if len(candidates) >= CONFIRM.top_k and m < screened[min(CONFIRM.top_k, len(screened)) - 1][0] * (
+                1.0 - CONFIRM.noise):
             break
         seen.add(p)
         candidates.append(p)
     incumbent = next((p for _, p in screened if p in baselines), None)
     if incumbent is not None and incumbent not in seen:
         candidates.append(incumbent)
-    confirmed: dict[int, tuple[float, float]] = {}  # point: (median, MAD) of its accepted repeats
+    verdicts = []
     for p in candidates:
-        runs = [truth.measure(p, rng) for _ in range(CONFIRM_REPEATS)]
-        if not all(o.feasible for o in runs):
-            continue
-        vals = [o.value for o in runs]
-        med = statistics.median(vals)
-        if med <= 0 or (max(vals) - min(vals)) / med > CONFIRM_MAX_SPREAD:
-            continue
-        confirmed[p] = (med, statistics.median(abs(v - med) for v in vals))
-    best_point = max(confirmed, key=lambda q: confirmed[q][0] - confirmed[q][1]) if confirmed else candidates[0]
-    if incumbent in confirmed and best_point != incumbent:  # a challenger must clear the recipe's spread
-        med, spread = confirmed[incumbent]
-        if confirmed[best_point][0] - confirmed[best_point][1] <= med + spread:
-            best_point = incumbent
+        runs = [truth.measure(p, rng) for _ in range(CONFIRM.repeats)]
+        verdicts.append(judge(p, str(p), [o.value for o in runs], all_feasible=all(o.feasible for o in runs),
+                              spec=CONFIRM, maximize=True, trial_dir="", speculative=False))
+    chosen = pick_winner(verdicts, maximize=True, incumbent=incumbent)
+    best_point = chosen.trial if chosen is not None else candidates[0]
     return float(truth.value[best_point])
 
 

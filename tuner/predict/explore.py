@@ -154,8 +154,7 @@ def explore(predictor: object, coeffs: Coefficients, observed: Sequence[tuple[in
     blocked = launched | set(exclude)
     cells = cell_codes(table) if cells is None else cells
     near = _near_best(codes, cells, obs_points, y)
-    pool_points = np.array([predictor.points_of_row[int(r)][0]  # type: ignore[attr-defined]
-                            for r in predictor.pool], dtype=np.int64)  # type: ignore[attr-defined]
+    pool_points: np.ndarray = predictor.pool_points  # type: ignore[attr-defined]
     pool_values = model.values(pool_points)
     ranked = pool_points[np.argsort(-pool_values)]
     top = [int(q) for q in ranked if int(q) not in blocked][:MODEL_CANDIDATES]
@@ -255,7 +254,7 @@ def speculative_twins(table: object, point: int) -> list[int]:
     those the feasibility model refuses."""
     params = table.params[point]  # type: ignore[attr-defined]
     profile = table.profile  # type: ignore[attr-defined]
-    if int(params.get(DRAFT_TOKENS_PARAM, 0) or 0) > 0 or profile.speculative is None:
+    if cell_of(params)[1] or profile.speculative is None:
         return []
     out = []
     for drafts in profile.speculative.draft_tokens.choices or ():
@@ -334,8 +333,7 @@ def second_spread(predictor: object, coeffs: Coefficients, observed: Sequence[tu
             predicted = model.values(np.array(twins, dtype=np.int64))
             options.append((value, twins[int(np.argmax(predicted))] if predicted.max() > 0 else twins[0]))
     topologies = {where for where, _ in tried}
-    pool_points = np.array([predictor.points_of_row[int(r)][0]  # type: ignore[attr-defined]
-                            for r in predictor.pool], dtype=np.int64)  # type: ignore[attr-defined]
+    pool_points: np.ndarray = predictor.pool_points  # type: ignore[attr-defined]
     pool_values = model.values(pool_points)
     best_new: dict[object, tuple[float, int]] = {}
     for pt, value in zip(pool_points, pool_values, strict=True):

@@ -129,6 +129,8 @@ class Predictor:
         for point, row in enumerate(table.phys_of):
             if row >= 0 and int(row) in self.row_to_pool:
                 self.points_of_row.setdefault(int(row), []).append(point)
+        self.pool_points = np.array([self.points_of_row[int(r)][0] for r in self.pool], dtype=np.int64)
+        """One point per pool row, in the pool's order."""
         self.codes = _encode(table)
         self.cells = cell_codes(table)
         """The cell (topology × speculation) of every point, as an integer (:func:`~tuner.predict.explore.cell_of`)."""
