@@ -65,7 +65,7 @@ from tuner.search.profile import (  # noqa: E402
     load_profile,
 )
 from tuner.search.space import build_config, suggest  # noqa: E402
-from tuner.study.confirm import ConfirmSpec, judge, pick_winner  # noqa: E402
+from tuner.study.confirm import INCUMBENT_BAND, ConfirmSpec, judge, pick_winner  # noqa: E402
 from tuner.study.guided import GuidedSearch  # noqa: E402
 from tuner.study.storage import ask_fixed, make_sampler  # noqa: E402
 
@@ -263,10 +263,11 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
                     after: int = EXPORT_AFTER, baselines: frozenset[int] = frozenset()) -> float | None:
     """True value of the winner the study would export after ``after`` launches: its confirmation (as
     ``tuner.study.confirm`` ships: the top 2 screening values, and any within 5 % of the second, and the
-    best baseline that met the SLOs (``baselines``: their points), each run 3 more times; a candidate is
-    confirmed when every repeat met the SLOs and their spread is within 25 % of their median; the best
-    confirmed median − MAD wins, unless the confirmed baseline's median + MAD is as high: then the baseline;
-    with none confirmed, the best screening value) on the same node, with the node's noise.
+    best baseline that met the SLOs with any other baseline that screened within ``INCUMBENT_BAND`` × 5 % of
+    it (``baselines``: their points), each run 3 more times; a candidate is confirmed when every repeat met
+    the SLOs and their spread is within 25 % of their median; the best confirmed median − MAD wins, unless
+    the confirmed baseline with the best median has a median + MAD as high: then that baseline; with none
+    confirmed, the best screening value) on the same node, with the node's noise.
     Each repeat runs the launch's ladder again (the study repeats the chosen step, and steps down when a
     repeat misses an SLO there)."""
     screened = sorted(((m, p) for m, p in zip(measured[:after], points[:after], strict=True) if m),
@@ -283,15 +284,16 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
             break
         seen.add(p)
         candidates.append(p)
-    incumbent = next((p for _, p in screened if p in baselines), None)
-    if incumbent is not None and incumbent not in seen:
-        candidates.append(incumbent)
+    recipes = [(m, p) for m, p in screened if p in baselines]
+    band = INCUMBENT_BAND * CONFIRM.noise
+    incumbents = [p for m, p in recipes if m >= recipes[0][0] * (1.0 - band)] if recipes else []
+    candidates += [p for p in dict.fromkeys(incumbents) if p not in seen]
     verdicts = []
     for p in candidates:
         runs = [truth.measure(p, rng) for _ in range(CONFIRM.repeats)]
         verdicts.append(judge(p, str(p), [o.value for o in runs], all_feasible=all(o.feasible for o in runs),
                               spec=CONFIRM, maximize=True, trial_dir="", speculative=False))
-    chosen = pick_winner(verdicts, maximize=True, incumbent=incumbent)
+    chosen = pick_winner(verdicts, maximize=True, incumbent=baselines)
     best_point = chosen.trial if chosen is not None else candidates[0]
     return float(truth.value[best_point])
 

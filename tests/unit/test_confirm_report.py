@@ -117,3 +117,47 @@ def test_a_challenger_displaces_the_confirmed_recipe_only_beyond_its_spread() ->
                  speculative=False)  # robust 98: inside the recipe's spread
     assert pick_winner([low, lower], maximize=False, incumbent=0).trial == 7  # type: ignore[union-attr]
     assert pick_winner([low, near], maximize=False, incumbent=0).trial == 0  # type: ignore[union-attr]
+
+
+def test_the_better_of_two_confirmed_recipes_holds() -> None:
+    """Two recipes that screened close are both confirmed; the one with the better median is the bar."""
+    spec = ConfirmSpec()
+    screened_first = judge(0, "a", [100.0, 98.0, 102.0], all_feasible=True, spec=spec, maximize=True,
+                           trial_dir="a", speculative=False)
+    screened_second = judge(1, "b", [110.0, 107.0, 113.0], all_feasible=True, spec=spec, maximize=True,
+                            trial_dir="b", speculative=False)  # median 110, MAD 3: robust 107
+    challenger = judge(7, "c", [109.0, 108.0, 110.0], all_feasible=True, spec=spec, maximize=True, trial_dir="c",
+                       speculative=False)  # robust 108: the best robust score, beyond the first recipe's spread
+    both = [screened_first, screened_second, challenger]
+    assert pick_winner(both, maximize=True, incumbent=0).trial == 7  # type: ignore[union-attr]
+    # with both recipes confirmed, the better median (110) is the bar, and 108 is inside its spread (to 113)
+    assert pick_winner(both, maximize=True, incumbent=[0, 1]).trial == 1  # type: ignore[union-attr]
+    assert pick_winner([screened_first, challenger], maximize=True,
+                       incumbent=[0, 1]).trial == 7  # type: ignore[union-attr]  # the second was not confirmed
+
+def test_a_recipe_that_screened_close_to_the_best_recipe_is_confirmed_beside_it(tmp_path: Path) -> None:
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    from tuner.objective import Objective
+    from tuner.search import load_profile
+    from tuner.study.confirm import INCUMBENT_BAND, ConfirmationPhase
+
+    study = optuna.create_study(direction="maximize")
+    spec = ConfirmSpec()
+    lead = 100.0
+    close = lead * (1.0 - 0.9 * INCUMBENT_BAND * spec.noise)  # within the band: confirmed too
+    far = lead * (1.0 - 1.1 * INCUMBENT_BAND * spec.noise)
+    for name, value in (("far", far), ("lead", lead), ("close", close), ("challenger", 120.0)):
+        attrs: dict[str, object] = {"feasible": True}
+        if name != "challenger":
+            attrs["baseline"] = name
+        study.add_trial(optuna.trial.create_trial(value=value, params={"x": 0.0},
+                                                  distributions={"x": FloatDistribution(0.0, 1.0)},
+                                                  user_attrs=attrs))
+    objective = Objective.model_validate({"name": "t", "metric": "output_throughput", "slos": {},
+                                          "workload": {"input_len": 8, "output_len": 8, "num_prompts": 4}})
+    phase = ConfirmationPhase(tmp_path, spec, objective, load_profile("cpu"))
+    assert phase.incumbents(study) == [1, 2]
+    off = ConfirmationPhase(tmp_path, ConfirmSpec(incumbent=False), objective, load_profile("cpu"))
+    assert off.incumbents(study) == []

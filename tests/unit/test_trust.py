@@ -164,3 +164,24 @@ def test_one_launch_moves_the_gp_for_its_whole_cell() -> None:
     assert sd[0] < sd[1]
     alone = ResidualGP(codes, np.array([0, 1, 2]), np.ones(6), amp2=AMPLITUDE_FLOOR ** 2, noise2=0.05 ** 2)
     assert alone.posterior(np.array([0]), np.array([0.7]), np.array([1]))[0][0] < 0.1  # without it, nothing
+
+
+def test_a_launch_that_missed_its_slos_teaches_the_measured_failure_rate(predictor: Predictor) -> None:
+    """A launch that missed an SLO at every step is worth nothing under the objective: its neighbours are less
+    likely to be worth a launch. A point refused before launch or an interrupted launch teaches nothing."""
+    guide, top = _distrusted(predictor)
+    codes = predictor.codes
+    missed = int(np.flatnonzero((codes != codes[top[0]]).sum(axis=1) >= 5)[0])
+    refused, interrupted = (int(p) for p in np.flatnonzero((codes != codes[missed]).sum(axis=1) >= 6)[:2])
+    guide.observe(missed, concurrency=2048, figures={"output_tok_s": 900.0, "ttft_p95_ms": 9e5, "itl_p95_ms": 100.0},
+                  value=None, feasible=False, failure_class="slo_violated")
+    guide.observe(refused, concurrency=None, figures=None, value=None, feasible=False, failure_class="infeasible")
+    guide.observe(interrupted, concurrency=None, figures=None, value=None, feasible=False,
+                  failure_class="interrupted")
+    outcomes = guide.outcomes()
+    assert (missed, True) in outcomes and all(p not in (refused, interrupted) for p, _ in outcomes)
+    assert sum(failed for _, failed in outcomes) == 1  # the three measured launches gave values
+    near_missed = int(np.flatnonzero((codes != codes[missed]).sum(axis=1) == 1)[0])
+    near_ran = int(np.flatnonzero((codes != codes[top[0]]).sum(axis=1) == 1)[0])
+    rate = failure_rate(codes, outcomes, np.array([near_missed, near_ran]))
+    assert rate[0] > rate[1]

@@ -133,9 +133,9 @@ def explore(predictor: object, coeffs: Coefficients, observed: Sequence[tuple[in
 
     ``observed``: (point, measured objective value) of every launch that met the SLOs; ``launched``: every
     point launched (failed ones too); ``p_fail``: the failure memory's chance per point; ``cost``: launches a
-    point takes (a speculative point whose control has not run costs two); ``outcomes``: (point, failed to
-    run) of every launch, for the measured failure rate (:func:`failure_rate`); ``cells``: the cell
-    of every table point as one integer (:func:`cell_codes`; computed when not given).
+    point takes (a speculative point whose control has not run costs two); ``outcomes``: (point, gave no value:
+    failed, or missed an SLO) of every launch, for the measured failure rate (:func:`failure_rate`); ``cells``:
+    the cell of every table point as one integer (:func:`cell_codes`; computed when not given).
     """
     if not observed:
         return None

@@ -531,9 +531,7 @@ class Guide:
         def cost(point: int) -> float:
             return 2.0 if point in control_of and control_of[point] not in launched else 1.0
 
-        ran = {None, "", FailureClass.SLO_VIOLATED.value, FailureClass.INFEASIBLE.value,
-               FailureClass.INTERRUPTED.value}
-        outcomes = [(launch.point, launch.failure_class not in ran) for launch in self.launches]
+        outcomes = self.outcomes()
         led_by = "spread"
         found = second_spread(self.predictor, self.coefficients(), observed, launched, self._p_fail, exclude=exclude,
                               cells=self.predictor.cells) if self.second_spread and not self._refine_first() else None
@@ -545,6 +543,16 @@ class Guide:
             return None
         return Choice(point=found.point, predicted=found.predicted, expected_improvement=found.expected_improvement,
                       p_fail=found.p_fail, led_by=led_by)
+
+    def outcomes(self) -> list[tuple[int, bool]]:
+        """(point, gave no value) of every launch that ended on its own, for the measured failure rate
+        (:func:`~tuner.predict.explore.failure_rate`). No value: it failed to start, crashed or failed a gate, or
+        it missed an SLO at every step of its ladder: under the objective such a launch is worth nothing, and a
+        latency the model under-predicts misses again at the neighbouring settings. Not counted: a point refused
+        before launch (nothing ran) and an interrupted launch (nothing was learned)."""
+        unlaunched = {FailureClass.INFEASIBLE.value, FailureClass.INTERRUPTED.value}
+        return [(launch.point, not launch.feasible) for launch in self.launches
+                if launch.failure_class not in unlaunched]
 
     def _refine_first(self) -> bool:
         """The last launch opened a cell (topology × speculation) and measured within :data:`SPREAD_PAUSE` of the

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,9 @@ __all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winn
 
 MAX_REPEATS_WHEN_DONE = 10
 """Repeats per candidate when screening ends early and the rest of the budget goes to confirmation."""
+INCUMBENT_BAND = 2.0
+"""A baseline that screened within this many times :attr:`ConfirmSpec.noise` of the best baseline is confirmed
+beside it: two recipes one screening run apart are told apart by confirmation, not by that run."""
 
 
 class ConfirmSpec(BaseModel):
@@ -56,9 +59,10 @@ class ConfirmSpec(BaseModel):
     """The relative noise of one screening value while no confirmation has measured it: a trial within
     this much of the last candidate is confirmed too (the winner must beat it by more than the noise)."""
     incumbent: bool = True
-    """Confirm the best baseline that met the SLOs beside the candidates, when it is not one of them: the
-    winner then beats the recipe in confirmation, not in one screening run (a candidate that screened high
-    once on a noisy node is not exported over a recipe it does not beat)."""
+    """Confirm the best baseline that met the SLOs beside the candidates, when it is not one of them, and any
+    baseline that screened close to it (:meth:`ConfirmationPhase.incumbents`): the winner then beats the
+    recipe in confirmation, not in one screening run (a candidate that screened high once on a noisy node is
+    not exported over a recipe it does not beat)."""
 
 
 @dataclass(frozen=True)
@@ -120,20 +124,24 @@ def judge(trial: int, config_key: str, values: Sequence[float], *, all_feasible:
 
 
 def pick_winner(confirmations: Sequence[Confirmation], *, maximize: bool,
-                incumbent: int | None = None) -> Confirmation | None:
+                incumbent: int | Collection[int] | None = None) -> Confirmation | None:
     """The accepted confirmation with the best robust score (median − k·MAD).
 
-    ``incumbent``: the screening trial of the best baseline, when it was confirmed beside the candidates. A
-    challenger then displaces it only when the challenger's robust score beats the incumbent's median by more
-    than the incumbent's MAD (their spreads do not overlap): a win inside the node's noise keeps the recipe.
+    ``incumbent``: the screening trial(s) of the recipe baselines. Of those confirmed and accepted, the one with
+    the best median holds, and a challenger displaces it only when the challenger's robust score beats that
+    median by more than its MAD (their spreads do not overlap): a win inside the node's noise keeps the recipe.
     """
     accepted = [c for c in confirmations if c.accepted]
     if not accepted:
         return None
     sign = 1.0 if maximize else -1.0
     best = max(accepted, key=lambda c: sign * c.robust)
-    held = next((c for c in accepted if c.trial == incumbent and c.control_of is None), None)
-    if held is None or best is held:
+    held_by = {incumbent} if isinstance(incumbent, int) else set(incumbent or ())
+    holding = [c for c in accepted if c.trial in held_by and c.control_of is None]
+    if not holding:
+        return best
+    held = max(holding, key=lambda c: sign * c.median)
+    if best is held:
         return best
     return best if sign * best.robust > sign * held.median + held.mad else held
 
@@ -274,14 +282,13 @@ class ConfirmationPhase:
         return [Confirmation(**{**c, "values": tuple(c["values"])}) for c in study.user_attrs.get("confirmations", [])]
 
     def candidates(self, study: optuna.Study) -> list[tuple[int, ServeConfig, int | None]]:
-        """Top-k distinct feasible screening trials, then the incumbent (the best baseline that met the SLOs,
-        :attr:`ConfirmSpec.incumbent`), each speculative one followed by its control."""
+        """Top-k distinct feasible screening trials, then the incumbents (the best baseline that met the SLOs and
+        any that screened close to it, :meth:`incumbents`), each speculative one followed by its control."""
         ranked = sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0), reverse=self.maximize)
         noise = measured_noise(self.confirmations(study), default=self.spec.noise)
         top = ranked[: within_noise([float(t.value or 0.0) for t in ranked], self.spec.top_k, noise)]
-        incumbent = self.incumbent(study)
-        if top and incumbent is not None and incumbent not in {t.number for t in top}:
-            top.append(study.trials[incumbent])
+        if top:
+            top += [study.trials[n] for n in self.incumbents(study) if n not in {t.number for t in top}]
         out: list[tuple[int, ServeConfig, int | None]] = []
         seen: set[str] = set()
         for t in top:
@@ -294,12 +301,24 @@ class ConfirmationPhase:
                 seen.add(config.control().key())
         return out
 
-    def incumbent(self, study: optuna.Study) -> int | None:
-        """The best baseline that met the SLOs in screening (its trial number), when the spec confirms it."""
+    def incumbents(self, study: optuna.Study) -> list[int]:
+        """The baselines to confirm beside the candidates, when the spec confirms them (trial numbers, best
+        first): the best baseline that met the SLOs in screening, and every other that screened within
+        :data:`INCUMBENT_BAND` × :attr:`ConfirmSpec.noise` of it (on a noisy node the better recipe can screen
+        second)."""
+        ranked = self._baselines(study)
+        if not ranked:
+            return []
+        lead = float(ranked[0].value or 0.0)
+        band = INCUMBENT_BAND * self.spec.noise * abs(lead)
+        return [t.number for t in ranked if abs(float(t.value or 0.0) - lead) <= band]
+
+    def _baselines(self, study: optuna.Study) -> list[FrozenTrial]:
+        """The baselines that met the SLOs in screening, best first (none when the spec confirms no incumbent)."""
         if not self.spec.incumbent:
-            return None
-        ranked = sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0), reverse=self.maximize)
-        return next((t.number for t in ranked if t.user_attrs.get("baseline")), None)
+            return []
+        return [t for t in sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0), reverse=self.maximize)
+                if t.user_attrs.get("baseline")]
 
     def reserve_s(self, study: optuna.Study) -> float:
         """Wall time to keep for this phase when deciding whether to screen once more."""
@@ -316,7 +335,8 @@ class ConfirmationPhase:
 
     @property
     def planned(self) -> float:
-        """Confirmation launches to plan for: the top-k, half as many controls again, and the incumbent."""
+        """Confirmation launches to plan for: the top-k, half as many controls again, and the incumbent (a second
+        recipe that screened close to the first is not planned for: it is rare, and the reserve is a plan)."""
         return self.spec.top_k * 1.5 + (1.0 if self.spec.incumbent and self.spec.top_k else 0.0)
 
     def with_budget_for_repeats(self, study: optuna.Study, remaining_s: float | None) -> ConfirmationPhase:
@@ -425,7 +445,8 @@ class ConfirmationPhase:
         """
         confirmations = self.confirmations(study)
         off = self.spec.top_k == 0
-        chosen = pick_winner(confirmations, maximize=self.maximize, incumbent=self.incumbent(study))
+        chosen = pick_winner(confirmations, maximize=self.maximize,
+                             incumbent=[t.number for t in self._baselines(study)])
         if chosen is not None:
             return Winner(trial=chosen.trial, trial_dir=self.path / chosen.trial_dir, value=chosen.median,
                           confirmed=True, confirmation=chosen, all_confirmations=tuple(confirmations),

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 ORDER = ("model", "model-before", "model-trusting", "model-prior", "default", "tpe", "gp", "random", "grid")
-LABEL = {"model": "**`--prior model`**", "model-before": "`--prior model`, issue 24's first step (no second spread)",
+LABEL = {"model": "**`--prior model`**",
+         "model-before": "`--prior model`, issue 24's second step (SLO misses not learned, one recipe confirmed)",
          "model-trusting": "`--prior model` before issue 24",
          "model-prior": "`--prior model` before issue 24, never corrected (ablation)",
          "default": "TPE multivariate + group (`--prior none` before this change)",
@@ -70,7 +71,7 @@ def _launches(data: dict[str, Any]) -> str:
                          f"{e['failed_in_first_12']:.1f} | {cap} |")
         lines.append("")
     if any(e.get("from_earlier_run") for per in data["nodes"].values() for e in per.values() if isinstance(e, dict)):
-        lines.append("¹ Kept from an earlier run of this table, with the code of that time: issue 24's first step "
+        lines.append("¹ Kept from an earlier run of this table, with the code of that time: issue 24's second step "
                      "(its re-run), and from issue 18's run the guide before issue 24 and searches whose code has not "
                      "changed since.")
     return "\n".join(lines).rstrip() + "\n"

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ORDER = ("model", "model-one-spread", "model-before", "model-classpicks", "model-trusting", "tpe", "gp", "random",
-         "grid")
-LABEL = {"model": "**`--prior model`** (this issue: second spread, cell GP, confirmed recipe)",
-         "model-one-spread": "`--prior model` without the second spread or the confirmed recipe (ablation)",
+ORDER = ("model", "model-one-spread", "model-step2", "model-before", "model-classpicks", "model-trusting", "tpe", "gp",
+         "random", "grid")
+LABEL = {"model": "**`--prior model`** (this issue: second spread, cell GP, confirmed recipes, SLO misses "
+                   "learned)",
+         "model-one-spread": "`--prior model` without the second spread or the confirmed recipes (ablation)",
+         "model-step2": "`--prior model`, this issue's second step (earlier run)",
          "model-before": "`--prior model`, this issue's first step (earlier run)",
          "model-classpicks": "`--prior model`, first picks as before (ablation)",
          "model-trusting": "`--prior model` before this issue",
@@ -202,7 +204,37 @@ def wall(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+
+def _below(e: dict[str, Any]) -> str:
+    x = e["exported_after_12"]
+    return f"{x['below_best_baseline']} ({x['below_best_baseline_by_2pct']})"
+
+
+def _to_98(e: dict[str, Any]) -> str:
+    n = _med(e, "to_98")
+    return f"> {e['cap']}" if math.isinf(n) else f"{n:g}"
+
+
+def third_step(folder: Path) -> str:
+    """``--prior model`` now against its second step (kept from its run), on the table's seeds and the held-out
+    seeds: what issue 24's third step changed."""
+    figures: tuple[Callable[[dict[str, Any]], str], ...] = (
+        _to_98, lambda e: str(e["to_98"]["reached"]), lambda e: f"{e['exported_after_12']['median']:.3f}",
+        lambda e: f"{e['exported_after_12']['worst']:.3f}", _below)
+    lines = ["| seeds | node | launches to 98 %: second step → now (median) | reached 98 % | exported after 12: "
+             "median | worst | exported below the best baseline (by more than 2 %) |",
+             "|---|---|---|---|---|---|---|"]
+    for label, data in (("0–29", _summary(folder)), ("200–229 (held out)", _summary(folder / "heldout"))):
+        for node, per in data["nodes"].items():
+            before, now = per["model-step2"], per["model"]
+            cells = [f"{f(before)} → {f(now)}" for f in figures]
+            cells[1] += f" of {now['seeds']}"
+            lines.append(f"| {label} | {node} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "heldout": heldout, "heldout_goal": heldout_goal, "launches": launches, "goal": goal,
     "optimum_cells": optimum_cells, "distrust": distrust, "truth": truth, "calibration": calibration,
-    "total": total, "wall": wall}
+    "total": total, "wall": wall, "third_step": third_step}
