@@ -29,9 +29,10 @@ def run(folder: Path) -> str:
     d = _data(folder)
     m = d["machine"]
     before, after = d["load_average_before"], d["load_average_after"]
+    load = (f"load average (1 min) {before[0]} before and {after[0]} after" if before and after
+            else "its load average was not recorded")
     return (f"Measured on commit `{d['commit']}`, a fresh clone running `.ci/run` (exit code {d['exit_code']}) on "
-            f"{m['cpus']} cores ({m['cpu_model']}), {m['memory_gib']} GiB; load average (1 min) "
-            f"{before[0] if before else '?'} before and {after[0] if after else '?'} after.")
+            f"{m['cpus']} cores ({m['cpu_model']}), {m['memory_gib']} GiB; {load}.")
 
 
 def _lanes(d: dict[str, Any]) -> str:
