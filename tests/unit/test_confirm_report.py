@@ -135,6 +135,7 @@ def test_the_better_of_two_confirmed_recipes_holds() -> None:
     assert pick_winner([screened_first, challenger], maximize=True,
                        incumbent=[0, 1]).trial == 7  # type: ignore[union-attr]  # the second was not confirmed
 
+
 def test_a_recipe_that_screened_close_to_the_best_recipe_is_confirmed_beside_it(tmp_path: Path) -> None:
     import optuna
     from optuna.distributions import FloatDistribution

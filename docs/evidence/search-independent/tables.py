@@ -204,8 +204,6 @@ def wall(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-
-
 def _below(e: dict[str, Any]) -> str:
     x = e["exported_after_12"]
     return f"{x['below_best_baseline']} ({x['below_best_baseline_by_2pct']})"
