@@ -65,7 +65,7 @@ from tuner.search.profile import (  # noqa: E402
     load_profile,
 )
 from tuner.search.space import build_config, suggest  # noqa: E402
-from tuner.study.confirm import INCUMBENT_BAND, ConfirmSpec, judge, pick_winner  # noqa: E402
+from tuner.study.confirm import ConfirmSpec, close_to_lead, judge, pick_winner  # noqa: E402
 from tuner.study.guided import GuidedSearch  # noqa: E402
 from tuner.study.storage import ask_fixed, make_sampler  # noqa: E402
 
@@ -284,9 +284,7 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
             break
         seen.add(p)
         candidates.append(p)
-    recipes = [(m, p) for m, p in screened if p in baselines]
-    band = INCUMBENT_BAND * CONFIRM.noise
-    incumbents = [p for m, p in recipes if m >= recipes[0][0] * (1.0 - band)] if recipes else []
+    incumbents = close_to_lead([(m, p) for m, p in screened if p in baselines], CONFIRM.noise)
     candidates += [p for p in dict.fromkeys(incumbents) if p not in seen]
     verdicts = []
     for p in candidates:

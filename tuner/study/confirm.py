@@ -35,8 +35,8 @@ from tuner.study.progress import Progress, phase_reporter
 from tuner.study.ranking import best_feasible_trial, feasible_trials
 from tuner.trial import TrialContext, TrialOutcome
 
-__all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winner", "judge", "mad",
-           "measured_noise", "pick_winner", "robust_score", "within_noise"]
+__all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winner", "close_to_lead", "judge",
+           "mad", "measured_noise", "pick_winner", "robust_score", "within_noise"]
 
 MAX_REPEATS_WHEN_DONE = 10
 """Repeats per candidate when screening ends early and the rest of the budget goes to confirmation."""
@@ -265,6 +265,15 @@ def within_noise(ranked_values: Sequence[float], top_k: int, noise: float) -> in
     return count
 
 
+def close_to_lead(ranked: Sequence[tuple[float, int]], noise: float) -> list[int]:
+    """The recipes to confirm (``ranked``: (screening value, id), best first): the first and every other within
+    :data:`INCUMBENT_BAND` × ``noise`` of it, relative."""
+    if not ranked:
+        return []
+    lead = ranked[0][0]
+    return [i for value, i in ranked if abs(value - lead) <= INCUMBENT_BAND * noise * abs(lead)]
+
+
 @dataclass
 class ConfirmationPhase:
     """Confirms one study's top-k screening trials; ``path`` is the study folder."""
@@ -288,7 +297,8 @@ class ConfirmationPhase:
         noise = measured_noise(self.confirmations(study), default=self.spec.noise)
         top = ranked[: within_noise([float(t.value or 0.0) for t in ranked], self.spec.top_k, noise)]
         if top:
-            top += [study.trials[n] for n in self.incumbents(study) if n not in {t.number for t in top}]
+            taken = {t.number for t in top}
+            top += [study.trials[n] for n in self.incumbents(study) if n not in taken]
         out: list[tuple[int, ServeConfig, int | None]] = []
         seen: set[str] = set()
         for t in top:
@@ -306,12 +316,7 @@ class ConfirmationPhase:
         first): the best baseline that met the SLOs in screening, and every other that screened within
         :data:`INCUMBENT_BAND` × :attr:`ConfirmSpec.noise` of it (on a noisy node the better recipe can screen
         second)."""
-        ranked = self._baselines(study)
-        if not ranked:
-            return []
-        lead = float(ranked[0].value or 0.0)
-        band = INCUMBENT_BAND * self.spec.noise * abs(lead)
-        return [t.number for t in ranked if abs(float(t.value or 0.0) - lead) <= band]
+        return close_to_lead([(float(t.value or 0.0), t.number) for t in self._baselines(study)], self.spec.noise)
 
     def _baselines(self, study: optuna.Study) -> list[FrozenTrial]:
         """The baselines that met the SLOs in screening, best first (none when the spec confirms no incumbent)."""
