@@ -54,6 +54,7 @@ import search_truth  # noqa: E402
 from tuner.objective import Objective, constraint_names  # noqa: E402
 from tuner.predict import Guide, ObjectiveModel, Predictor, space_table, wave_bench  # noqa: E402
 from tuner.predict.steptime import coefficient_arrays  # noqa: E402
+from tuner.predict.table import descending  # noqa: E402
 from tuner.search.envelope import objective_for  # noqa: E402
 from tuner.search.profile import (  # noqa: E402
     AGGREGATED,
@@ -171,9 +172,9 @@ def load_node(name: str, cache: Path = CACHE) -> Node:
     profile, checkpoint = aggregated_only(bound.profile), bound.checkpoint
     objective = objective_for(raw, "throughput")
     model = ObjectiveModel.from_objective(objective)
-    # the pickled Predictor is stale when the code that builds it changes
-    code = b"".join((HERE.parent / "tuner" / "predict" / f).read_bytes()
-                    for f in ("guide.py", "table.py", "explore.py"))
+    # the pickled Predictor is stale when the code that builds it changes: the model's rooms, whole
+    code = b"".join(f.read_bytes() for room in ("predict", "perfmodel")
+                    for f in sorted((HERE.parent / "tuner" / room).glob("*.py")))
     digest = hashlib.sha256((objective.model_dump_json() + profile.model_dump_json()).encode() + code).hexdigest()[:12]
     key = f"{name}-{digest}.pkl"
     path = cache / "nodes" / key
@@ -755,7 +756,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # half near the truth's optimum (where a search ends), half anywhere it launches
         row_value = np.zeros(len(table.physics))
         np.maximum.at(row_value, np.maximum(table.phys_of, 0), truth.value)
-        top = np.argsort(-row_value)[:300]
+        top = descending(row_value)[:300]
         picks = list(rng.choice(top, size=args.samples // 2, replace=False)) + list(
             rng.choice(runs_rows, size=args.samples - args.samples // 2, replace=False))
         samples = []

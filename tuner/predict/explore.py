@@ -29,6 +29,7 @@ import numpy as np
 from tuner.perfmodel import Coefficients
 from tuner.predict.steptime import coefficient_arrays
 from tuner.predict.surface import evaluate
+from tuner.predict.table import descending
 from tuner.search.profile import DISAGG_PARAM, DRAFT_TOKENS_PARAM, TOPOLOGY_PARAM
 from tuner.search.space import build_config
 
@@ -156,10 +157,11 @@ def explore(predictor: object, coeffs: Coefficients, observed: Sequence[tuple[in
     near = _near_best(codes, cells, obs_points, y)
     pool_points: np.ndarray = predictor.pool_points  # type: ignore[attr-defined]
     pool_values = model.values(pool_points)
-    ranked = pool_points[np.argsort(-pool_values)]
+    order = descending(pool_values)
+    ranked = pool_points[order]
     top = [int(q) for q in ranked if int(q) not in blocked][:MODEL_CANDIDATES]
     per_cell: dict[int, int] = {}
-    for q, value in zip(ranked, np.sort(pool_values)[::-1], strict=True):
+    for q, value in zip(ranked, pool_values[order], strict=True):
         if value <= 0 or int(q) in blocked or per_cell.get(int(cells[q]), 0) >= CELL_CANDIDATES:
             continue
         per_cell[int(cells[q])] = per_cell.get(int(cells[q]), 0) + 1
@@ -270,7 +272,7 @@ def speculative_twins(table: object, point: int) -> list[int]:
 def _near_best(codes: np.ndarray, cells: np.ndarray, obs_points: np.ndarray, y: np.ndarray) -> set[int]:
     """Every point within :data:`NEIGHBOUR_DISTANCE` levers of the :data:`NEIGHBOURS_OF` best launches, and of
     the best launch of every cell that measured at least :data:`CELL_REACH` of the best."""
-    order = np.argsort(-y)
+    order = descending(y)
     centres = [int(pt) for pt in obs_points[order][:NEIGHBOURS_OF]]
     seen: set[int] = set()
     for i in order:
@@ -344,7 +346,7 @@ def second_spread(predictor: object, coeffs: Coefficients, observed: Sequence[tu
         if value > best_new.get(where, (0.0, -1))[0]:
             best_new[where] = (float(value), int(pt))
     options += list(best_new.values())
-    for _value, pt in sorted(options, reverse=True):
+    for _value, pt in sorted(options, key=lambda vp: (-vp[0], vp[1])):
         fail = float(p_fail(np.array([pt], dtype=np.int64))[0])
         if fail < SPREAD_FAIL:
             return Explored(point=pt, predicted=float(model.values(np.array([pt]))[0]), expected_improvement=0.0,

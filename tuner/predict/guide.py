@@ -37,7 +37,7 @@ from tuner.predict.explore import cell_codes, explore, second_spread
 from tuner.predict.fluid import startup_ok, wave_bench
 from tuner.predict.steptime import coefficient_arrays
 from tuner.predict.surface import SLO_FIGURES, ObjectiveModel, Surface, evaluate
-from tuner.predict.table import SpaceTable
+from tuner.predict.table import SpaceTable, descending
 from tuner.predict.trust import Residual, Trust
 from tuner.search.profile import DRAFT_TOKENS_PARAM, TOPOLOGY_PARAM, Scalar
 from tuner.search.space import build_config
@@ -112,7 +112,7 @@ class Predictor:
             scores.append(np.where(self.usable(s, coeffs), s.value, -1.0))
         chosen: set[int] = set()
         for score in scores:
-            top = np.argsort(-score)[:pool_top]
+            top = descending(score)[:pool_top]
             chosen.update(int(r) for r in top if score[r] > 0)
         best_by_class: dict[tuple[object, ...], list[tuple[float, int]]] = {}
         for r in range(len(phys)):
@@ -120,7 +120,7 @@ class Predictor:
             if value > 0:
                 best_by_class.setdefault(_class_key(table, r), []).append((value, r))
         for rows in best_by_class.values():
-            chosen.update(r for _, r in sorted(rows, reverse=True)[:class_top])
+            chosen.update(r for _, r in sorted(rows, key=_best_first)[:class_top])
         self.pool = np.array(sorted(chosen), dtype=np.int64)
         self.pool_phys = phys.take(self.pool)
         self.row_to_pool = {int(r): i for i, r in enumerate(self.pool)}
@@ -170,7 +170,7 @@ class Predictor:
         s = self.prior_surface
         score = np.where(self.usable(s, self.base), s.value, -1.0)
         out: list[Ranked] = []
-        for row in np.argsort(-score):
+        for row in descending(score):
             if score[row] <= 0 or len(out) >= top:
                 break
             point = int(np.flatnonzero(self.table.phys_of == row)[0])
@@ -207,7 +207,7 @@ class Predictor:
             return _class_key(self.table, row)[:-1]
 
         best: dict[tuple[object, ...], dict[bool, int]] = {}
-        for row in np.argsort(-score):
+        for row in descending(score):
             if score[row] <= 0:
                 break
             per = best.setdefault(base_key(int(row)), {})
@@ -240,7 +240,7 @@ class Predictor:
         s = self.prior_surface
         score = np.where(self.usable(s, self.base), s.value, -1.0)
         phys = self.table.physics
-        order = [int(r) for r in np.argsort(-score) if score[r] > 0]
+        order = [int(r) for r in descending(score) if score[r] > 0]
         best: dict[tuple[object, ...], dict[bool, int]] = {}
         for row in order:
             best.setdefault(self.cell(row), {}).setdefault(bool(phys.spec_k[row] > 0), row)
@@ -460,7 +460,7 @@ class Guide:
         launched_rows = {int(p.table.phys_of[launch.point]) for launch in self.launches}
         open_rows = np.array([int(r) not in launched_rows for r in p.pool])
         score = np.where(usable & open_rows, mean_surface.value, -1.0)
-        order = np.argsort(-score)
+        order = descending(score)
         cand = [int(i) for i in order[: self.candidates] if score[i] > 0]
         classes: dict[tuple[object, ...], int] = {}
         for i in order:
@@ -601,6 +601,11 @@ class Guide:
         surface, coeffs = st.mean_surface, st.coeffs
         ok = self.predictor.usable(surface, coeffs, self.predictor.pool_phys)
         return float(np.where(ok, surface.value, 0.0).max()) if ok.any() else 0.0
+
+
+def _best_first(value_row: tuple[float, int]) -> tuple[float, int]:
+    """Sort key: the larger value first, and of equal values the earlier row (:func:`descending`'s order)."""
+    return -value_row[0], value_row[1]
 
 
 def topology_of_point(table: SpaceTable, point: int) -> str:

@@ -43,8 +43,19 @@ from tuner.search.profile import (
 )
 from tuner.search.space import build_config
 
-__all__ = ["FULL_DECODE_MODES", "PIECEWISE_MODES", "PdPhysics", "Physics", "SpaceTable", "enumerate_points",
-           "space_table"]
+__all__ = ["FULL_DECODE_MODES", "PIECEWISE_MODES", "PdPhysics", "Physics", "SpaceTable", "descending",
+           "enumerate_points", "space_table"]
+
+def descending(values: np.ndarray) -> np.ndarray:
+    """Indices of ``values``, largest first; equal values keep their order in the table, which follows the
+    profile's order of choices (the profiles list vLLM's default first), the same on every machine.
+
+    The model gives rows that differ only in a lever it does not price the same value (three CUDA-graph modes
+    of one DeepEP launch on h200x8, say). numpy's default sort is not stable, and which of equal rows it
+    returns first depends on the CPU's SIMD sort: the same study picked a different first launch on two hosts.
+    """
+    return np.argsort(-np.asarray(values), kind="stable")
+
 
 FULL_DECODE_MODES = frozenset({"FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"})
 PIECEWISE_MODES = frozenset({"PIECEWISE", "FULL_AND_PIECEWISE"})

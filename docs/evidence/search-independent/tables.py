@@ -15,11 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ORDER = ("model", "model-one-spread", "model-step2", "model-before", "model-classpicks", "model-trusting", "tpe", "gp",
-         "random", "grid")
+ORDER = ("model", "model-one-spread", "model-step3", "model-step2", "model-before", "model-classpicks",
+         "model-trusting", "tpe", "gp", "random", "grid")
 LABEL = {"model": "**`--prior model`** (this issue: second spread, cell GP, confirmed recipes, SLO misses "
-                   "learned)",
+                   "learned, ties in the profile's order)",
          "model-one-spread": "`--prior model` without the second spread or the confirmed recipes (ablation)",
+         "model-step3": "`--prior model`, this issue's third step, the model's ties broken by the host's sort "
+                        "(earlier run)",
          "model-step2": "`--prior model`, this issue's second step (earlier run)",
          "model-before": "`--prior model`, this issue's first step (earlier run)",
          "model-classpicks": "`--prior model`, first picks as before (ablation)",
@@ -214,25 +216,35 @@ def _to_98(e: dict[str, Any]) -> str:
     return f"> {e['cap']}" if math.isinf(n) else f"{n:g}"
 
 
-def third_step(folder: Path) -> str:
-    """``--prior model`` now against its second step (kept from its run), on the table's seeds and the held-out
-    seeds: what issue 24's third step changed."""
+def _compare(folder: Path, before_name: str, after_name: str, label: str) -> str:
+    """Two rows of ``--prior model`` side by side, on the table's seeds and the held-out seeds."""
     figures: tuple[Callable[[dict[str, Any]], str], ...] = (
         _to_98, lambda e: str(e["to_98"]["reached"]), lambda e: f"{e['exported_after_12']['median']:.3f}",
         lambda e: f"{e['exported_after_12']['worst']:.3f}", _below)
-    lines = ["| seeds | node | launches to 98 %: second step → now (median) | reached 98 % | exported after 12: "
-             "median | worst | exported below the best baseline (by more than 2 %) |",
-             "|---|---|---|---|---|---|---|"]
-    for label, data in (("0–29", _summary(folder)), ("200–229 (held out)", _summary(folder / "heldout"))):
+    lines = [f"| seeds | node | launches to 98 %: {label} (median) | reached 98 % | exported after 12: median | "
+             "worst | exported below the best baseline (by more than 2 %) |", "|---|---|---|---|---|---|---|"]
+    for seeds, data in (("0–29", _summary(folder)), ("200–229 (held out)", _summary(folder / "heldout"))):
         for node, per in data["nodes"].items():
-            before, now = per["model-step2"], per["model"]
-            cells = [f"{f(before)} → {f(now)}" for f in figures]
-            cells[1] += f" of {now['seeds']}"
-            lines.append(f"| {label} | {node} | " + " | ".join(cells) + " |")
+            before, after = per[before_name], per[after_name]
+            cells = [f"{f(before)} → {f(after)}" for f in figures]
+            cells[1] += f" of {after['seeds']}"
+            lines.append(f"| {seeds} | {node} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def third_step(folder: Path) -> str:
+    """What issue 24's third step changed: its row (``model-step3``) against the second step's (``model-step2``),
+    both kept from their runs on the earlier host."""
+    return _compare(folder, "model-step2", "model-step3", "second step → third step")
+
+
+def tie_break(folder: Path) -> str:
+    """What breaking the model's ties by the profile's order changed: the third step as run on the earlier host,
+    whose sort broke them otherwise (``model-step3``, kept), against ``--prior model`` now."""
+    return _compare(folder, "model-step3", "model", "earlier host → ties in the profile's order")
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "heldout": heldout, "heldout_goal": heldout_goal, "launches": launches, "goal": goal,
     "optimum_cells": optimum_cells, "distrust": distrust, "truth": truth, "calibration": calibration,
-    "total": total, "wall": wall, "third_step": third_step}
+    "total": total, "wall": wall, "third_step": third_step, "tie_break": tie_break}
