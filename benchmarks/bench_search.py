@@ -66,7 +66,7 @@ from tuner.search.profile import (  # noqa: E402
     load_profile,
 )
 from tuner.search.space import build_config, suggest  # noqa: E402
-from tuner.study.confirm import ConfirmSpec, close_to_lead, judge, pick_winner  # noqa: E402
+from tuner.study.confirm import NEXT_IN_LINE, ConfirmSpec, close_to_lead, judge, pick_winner  # noqa: E402
 from tuner.study.guided import GuidedSearch  # noqa: E402
 from tuner.study.storage import ask_fixed, make_sampler  # noqa: E402
 
@@ -261,14 +261,17 @@ EXPORT_AFTER = 12
 
 
 def exported_winner(truth: Any, points: list[int], measured: list[float | None], rng: np.random.Generator,
-                    after: int = EXPORT_AFTER, baselines: frozenset[int] = frozenset()) -> float | None:
+                    after: int = EXPORT_AFTER, baselines: frozenset[int] = frozenset(),
+                    next_in_line: bool = True) -> float | None:
     """True value of the winner the study would export after ``after`` launches: its confirmation (as
     ``tuner.study.confirm`` ships: the top 2 screening values, and any within 5 % of the second, and the
     best baseline that met the SLOs with any other baseline that screened within ``INCUMBENT_BAND`` × 5 % of
     it (``baselines``: their points), each run 3 more times; a candidate is confirmed when every repeat met
     the SLOs and their spread is within 25 % of their median; the best confirmed median − MAD wins, unless
     the confirmed baseline with the best median has a median + MAD as high: then that baseline; with none
-    confirmed, the best screening value) on the same node, with the node's noise.
+    confirmed, the best screening value) on the same node, with the node's noise. When every challenger
+    confirmed is rejected, the next screening values in line are confirmed one at a time (``NEXT_IN_LINE`` at
+    most) while they screened above the best confirmed recipe (``next_in_line``: False, as before it).
     Each repeat runs the launch's ladder again (the study repeats the chosen step, and steps down when a
     repeat misses an SLO there)."""
     screened = sorted(((m, p) for m, p in zip(measured[:after], points[:after], strict=True) if m),
@@ -288,10 +291,24 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
     incumbents = close_to_lead([(m, p) for m, p in screened if p in baselines], CONFIRM.noise)
     candidates += [p for p in dict.fromkeys(incumbents) if p not in seen]
     verdicts = []
-    for p in candidates:
+
+    def confirm(p: int) -> None:
         runs = [truth.measure(p, rng) for _ in range(CONFIRM.repeats)]
         verdicts.append(judge(p, str(p), [o.value for o in runs], all_feasible=all(o.feasible for o in runs),
                               spec=CONFIRM, maximize=True, trial_dir="", speculative=False))
+
+    for p in candidates:
+        confirm(p)
+    for _ in range(NEXT_IN_LINE if next_in_line else 0):  # as ConfirmationPhase.next_in_line chooses
+        challengers = [v for v in verdicts if v.trial not in baselines]
+        if not challengers or any(v.accepted for v in challengers):
+            break
+        bar = max((v.median for v in verdicts if v.accepted and v.trial in baselines), default=-math.inf)
+        judged = {v.trial for v in verdicts}
+        following = next(((m, p) for m, p in screened if p not in judged and p not in baselines), None)
+        if following is None or following[0] <= bar:
+            break
+        confirm(following[1])
     chosen = pick_winner(verdicts, maximize=True, incumbent=baselines)
     best_point = chosen.trial if chosen is not None else candidates[0]
     return float(truth.value[best_point])
@@ -673,8 +690,9 @@ def cmd_reexport(args: argparse.Namespace) -> int:
     for r in rows:
         if "points" in r and r["method"] != "grid":
             by_truth.setdefault((r["node"], r["seed"], r.get("spread", 0.3), r.get("truth", "wave")), []).append(r)
+    nodes: dict[str, Node] = {}
     for (node_name, seed, spread, kind), mine in sorted(by_truth.items()):
-        node = load_node(node_name)
+        node = nodes.get(node_name) or nodes.setdefault(node_name, load_node(node_name))
         truth = make_truth(node, seed, spread, kind)
         for r in mine:
             measured = r["measured"]

@@ -68,7 +68,7 @@ def test_failures_are_complete_with_violated_constraints(tmp_path: Path, fake_la
     told = [t for t in optuna_study.trials if "duplicate_of" not in t.user_attrs]
     complete = [t for t in told if t.state == TrialState.COMPLETE]
     trials = [t for t in complete if "control_for" not in t.user_attrs and t.user_attrs.get("launched", True)]
-    controls = [t for t in complete if "control_for" in t.user_attrs]
+    controls = [t for t in complete if "control_for" in t.user_attrs and t.user_attrs.get("launched", True)]
     # --trials counts trials; a speculative trial's control launches beside it and is counted apart
     assert len(trials) == 12
     assert controls and {c.user_attrs["control_for"] for c in controls} <= {t.user_attrs["config_key"] for t in trials}

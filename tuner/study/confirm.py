@@ -8,14 +8,17 @@ one launch (at the concurrency its screening ladder chose), and scored by a nois
 A candidate whose repeats disagree (spread larger than ``max_spread`` of the median) or whose any
 repeat misses an SLO is rejected. The winner is the best *confirmed* candidate, not a lucky single
 screening run. A speculative candidate is followed by its no-speculation control, so the winner's
-speculative gain is measured under the same conditions. Verdicts are stored in the Optuna study
-(``confirmations``), so a killed or resumed study keeps the ones already done and confirms only the
-rest. :func:`judge` and :func:`pick_winner` are pure; :class:`ConfirmationPhase` runs the launches.
+speculative gain is measured under the same conditions. When every challenger confirmed is rejected, the
+screening trials next in line are confirmed one at a time (:data:`NEXT_IN_LINE` at most), while they
+screened above the best confirmed recipe (:meth:`ConfirmationPhase.next_in_line`). Verdicts are stored in
+the Optuna study (``confirmations``), so a killed or resumed study keeps the ones already done and
+confirms only the rest. :func:`judge` and :func:`pick_winner` are pure; :class:`ConfirmationPhase` runs the launches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
@@ -40,6 +43,9 @@ __all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winn
 
 MAX_REPEATS_WHEN_DONE = 10
 """Repeats per candidate when screening ends early and the rest of the budget goes to confirmation."""
+NEXT_IN_LINE = 2
+"""Screening trials confirmed one at a time down the ranking once every challenger confirmed was rejected (a
+value that screened high on an SLO's edge or on a lucky run is rejected; the next in line may hold)."""
 INCUMBENT_BAND = 2.0
 """A baseline that screened within this many times :attr:`ConfirmSpec.noise` of the best baseline is confirmed
 beside it: two recipes one screening run apart are told apart by confirmation, not by that run."""
@@ -318,6 +324,26 @@ class ConfirmationPhase:
         second)."""
         return close_to_lead([(float(t.value or 0.0), t.number) for t in self._baselines(study)], self.spec.noise)
 
+    def next_in_line(self, study: optuna.Study) -> int | None:
+        """The next screening trial to confirm once every challenger (a candidate that is not a recipe) confirmed
+        so far was rejected: the best one not confirmed yet, when it screened better than the best confirmed
+        recipe's median (one that did not cannot displace it). None: a challenger was accepted, nothing was
+        confirmed yet, or no trial is left that could win."""
+        confirmations = self.confirmations(study)
+        recipes = {t.number for t in self._baselines(study)}
+        challengers = [c for c in confirmations if c.control_of is None and c.trial not in recipes]
+        if not challengers or any(c.accepted for c in challengers):
+            return None
+        sign = 1.0 if self.maximize else -1.0
+        held = [sign * c.median for c in confirmations if c.accepted and c.trial in recipes and c.control_of is None]
+        bar = max(held, default=-math.inf)
+        judged = {c.trial for c in confirmations}
+        for t in sorted(feasible_trials(study), key=lambda t: sign * float(t.value or 0.0), reverse=True):
+            if t.number in judged or t.number in recipes:
+                continue
+            return t.number if sign * float(t.value or 0.0) > bar else None
+        return None
+
     def _baselines(self, study: optuna.Study) -> list[FrozenTrial]:
         """The baselines that met the SLOs in screening, best first (none when the spec confirms no incumbent)."""
         if not self.spec.incumbent:
@@ -361,21 +387,17 @@ class ConfirmationPhase:
         done = {(c.trial, c.config_key) for c in self.confirmations(study)}
         todo = [(n, c, of) for n, c, of in self.candidates(study) if (n, c.key()) not in done]
         progress.stage, progress.confirm_planned, progress.confirm_done = "confirmation", len(todo), 0
-        for number, config, control_of in todo:
-            if should_stop():
-                continue
-            if deadline is not None and clock.now() + per_candidate_s > deadline:
-                progress.events.append(f"no time left to confirm trial {number}; its result stays unconfirmed")
-                progress.confirm_planned -= 1
-                on_progress(progress)
-                continue
+
+        def time_for_one() -> bool:
+            return deadline is None or clock.now() + per_candidate_s <= deadline
+
+        def confirm(number: int, config: ServeConfig, control_of: int | None) -> None:
             screened = study.trials[number]
             concurrency = _int_or_none(screened.user_attrs.get("max_concurrency"))
             missed_slo = self._confirm_at(study, ctx, run_trial, number, config, control_of, concurrency,
                                           progress, on_progress, should_stop, stepped_down=False)
             fallback = self._fallback(screened, concurrency) if missed_slo else None
-            if fallback is not None and not should_stop() and (
-                    deadline is None or clock.now() + per_candidate_s <= deadline):
+            if fallback is not None and not should_stop() and time_for_one():
                 # The chosen step met its SLOs in screening but not in every repeat here: it sits on an
                 # SLO's edge. The next step down that screening measured is confirmed instead
                 # (once), so the export names an operating point that holds (docs/decisions.md).
@@ -384,6 +406,32 @@ class ConfirmationPhase:
                 progress.confirm_planned += 1
                 self._confirm_at(study, ctx, run_trial, number, config, control_of, fallback, progress, on_progress,
                                  should_stop, stepped_down=True)
+
+        for number, config, control_of in todo:
+            if should_stop():
+                continue
+            if not time_for_one():
+                progress.events.append(f"no time left to confirm trial {number}; its result stays unconfirmed")
+                progress.confirm_planned -= 1
+                on_progress(progress)
+                continue
+            confirm(number, config, control_of)
+        for _ in range(NEXT_IN_LINE):
+            following = self.next_in_line(study)
+            if following is None or should_stop():
+                break
+            if not time_for_one():
+                progress.events.append(f"no time left to confirm trial {following}, the next in line")
+                on_progress(progress)
+                break
+            candidate = build_config(self.profile, study.trials[following].params)
+            progress.events.append(f"every challenger confirmed so far was rejected; confirming trial {following}, "
+                                   "the next in line")
+            pairs = [(candidate, None)] + ([(candidate.control(), following)] if candidate.is_speculative else [])
+            progress.confirm_planned += len(pairs)
+            for each, control_of in pairs:
+                if not should_stop():
+                    confirm(following, each, control_of)
 
     def _confirm_at(self, study: optuna.Study, ctx: TrialContext, run_trial: RunTrial, number: int,
                     config: ServeConfig, control_of: int | None, concurrency: int | None, progress: Progress,

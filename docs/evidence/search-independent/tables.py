@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ORDER = ("model", "model-one-spread", "model-step3", "model-step2", "model-before", "model-classpicks",
+ORDER = ("model", "model-ties", "model-one-spread", "model-step3", "model-step2", "model-before", "model-classpicks",
          "model-trusting", "tpe", "gp", "random", "grid")
 LABEL = {"model": "**`--prior model`** (this issue: second spread, cell GP, confirmed recipes, SLO misses "
-                   "learned, ties in the profile's order)",
+                   "learned, ties in the profile's order, confirmation down the ranking)",
+         "model-ties": "`--prior model`, the same runs, their winners confirmed as before (not down the ranking)",
          "model-one-spread": "`--prior model` without the second spread or the confirmed recipes (ablation)",
          "model-step3": "`--prior model`, this issue's third step, the model's ties broken by the host's sort "
                         "(earlier run)",
@@ -240,11 +241,19 @@ def third_step(folder: Path) -> str:
 
 def tie_break(folder: Path) -> str:
     """What breaking the model's ties by the profile's order changed: the third step as run on the earlier host,
-    whose sort broke them otherwise (``model-step3``, kept), against ``--prior model`` now."""
-    return _compare(folder, "model-step3", "model", "earlier host → ties in the profile's order")
+    whose sort broke them otherwise (``model-step3``, kept), against the same code on this host with its winners
+    confirmed as the third step did (``model-ties``)."""
+    return _compare(folder, "model-step3", "model-ties", "earlier host → ties in the profile's order")
+
+
+def next_in_line(folder: Path) -> str:
+    """What confirming down the ranking changed: the same runs (``model-ties``, their exports as the third step
+    confirmed them; ``model``, re-exported by ``bench_search.py reexport``). Only the export columns can move."""
+    return _compare(folder, "model-ties", "model", "the same launches")
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "heldout": heldout, "heldout_goal": heldout_goal, "launches": launches, "goal": goal,
     "optimum_cells": optimum_cells, "distrust": distrust, "truth": truth, "calibration": calibration,
-    "total": total, "wall": wall, "third_step": third_step, "tie_break": tie_break}
+    "total": total, "wall": wall, "third_step": third_step, "tie_break": tie_break,
+    "next_in_line": next_in_line}
