@@ -36,7 +36,9 @@ from tuner.engines.vllm.logs import kv_tokens_from_log
 from tuner.errors import LaunchError
 from tuner.guards import Suite, load_suite
 from tuner.guards.api import GuardReport, GuardTarget
+from tuner.search.preflight import cpu_has_avx512, host_probe
 from tuner.search.profile import load_profile, reference_requires
+from tuner.study.lessons import FP8_KV_CPU_MESSAGE
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -53,6 +55,11 @@ LAUNCHES: dict[str, dict[str, Any]] = {
     "speculative": {"flags": [*DSV4_FLAGS, "--speculative-config", NGRAM], "args": AUTO,
                     "max_model_len": NEEDLE_CONTEXT_TOKENS, "speculative": True},
 }
+
+
+FP8_RUNS_HERE = cpu_has_avx512(host_probe().cpu_flags())
+"""vLLM's CPU build serves an FP8 KV cache only on x86 with AVX-512 or AMX; elsewhere that launch must fail
+with vLLM's own reason (the study refuses the value before launch: ``tuner.study.lessons``)."""
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +100,9 @@ def runs(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
             try:
                 server.wait_ready()
             except LaunchError as exc:
-                if not cfg.get("speculative"):
+                if not (cfg.get("speculative") or (name == "fp8" and not FP8_RUNS_HERE)):
                     raise
-                out[name] = exc  # the CPU build may not run this speculative method; its test says so
+                out[name] = exc  # the CPU build may not run this launch here; its test says so
                 continue
             spec = bool(cfg.get("speculative"))
             target = GuardTarget(base_url=server.base_url, headers=server.headers, model="fixture",
@@ -170,6 +177,12 @@ def test_the_needle_is_sized_from_the_context_each_launch_allocated(runs: dict[s
 
 
 def test_fp8_kv_drifts_past_the_threshold(runs: dict[str, Any]) -> None:
+    if not FP8_RUNS_HERE:  # this host cannot serve it: the launch fails, and says why
+        failure = runs["fp8"]
+        assert isinstance(failure, LaunchError), failure
+        log = failure.log_path.read_text(errors="replace") if failure.log_path else failure.log_tail
+        assert FP8_KV_CPU_MESSAGE in log
+        return
     report: GuardReport = runs["fp8"]
     for name in ("tool_call", "reasoning", "needle"):
         assert _result(report, name).passed, report.reason
@@ -192,5 +205,6 @@ def test_speculative_trial_matches_reference_and_control(runs: dict[str, Any]) -
 def test_guard_evidence_is_written_per_trial(runs: dict[str, Any]) -> None:
     study: Path = runs["study"]
     docs = [json.loads(p.read_text()) for p in sorted(study.glob("trials/*/guards.json"))]
-    assert [d["passed"] for d in docs][:3] == [True, False, False]
+    expected = [True, False, False] if FP8_RUNS_HERE else [True, False]  # good, no parsers, fp8 (where it runs)
+    assert [d["passed"] for d in docs][:len(expected)] == expected
     assert (study / "reference").is_dir() and list((study / "reference" / "configs").glob("*key-good.json"))

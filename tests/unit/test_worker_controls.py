@@ -21,7 +21,11 @@ from tuner.trial import TrialContext, TrialOutcome
 
 NODE = NodeIdentity(hostname="node-a", gpu_model=None, gpu_count=0, driver=None, vllm_version="0.32.0",
                     cpu_model="x86", cpu_count=2)
-SPECULATIVE = {"speculative.draft_tokens": 2}
+SPECULATIVE = {"max-num-seqs": 32, "max-num-batched-tokens": 2048, "block-size": 128, "kv-cache-dtype": "auto",
+               "enable-prefix-caching": True, "enable-chunked-prefill": True, "speculative.draft_tokens": 2}
+"""A speculative trial with every lever fixed (a legal one, not a baseline): with only the draft count fixed the
+sampler drew the rest, and some draws are combinations the pre-flight refuses before launch (then neither the
+trial nor its control launches, and the test read the sampler's luck)."""
 
 
 @pytest.fixture
