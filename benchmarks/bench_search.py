@@ -66,7 +66,14 @@ from tuner.search.profile import (  # noqa: E402
     load_profile,
 )
 from tuner.search.space import build_config, suggest  # noqa: E402
-from tuner.study.confirm import NEXT_IN_LINE, ConfirmSpec, close_to_lead, judge, pick_winner  # noqa: E402
+from tuner.study.confirm import (  # noqa: E402
+    NEXT_IN_LINE,
+    ConfirmSpec,
+    close_to_lead,
+    following_in_line,
+    judge,
+    pick_winner,
+)
 from tuner.study.guided import GuidedSearch  # noqa: E402
 from tuner.study.storage import ask_fixed, make_sampler  # noqa: E402
 
@@ -300,15 +307,10 @@ def exported_winner(truth: Any, points: list[int], measured: list[float | None],
     for p in candidates:
         confirm(p)
     for _ in range(NEXT_IN_LINE if next_in_line else 0):  # as ConfirmationPhase.next_in_line chooses
-        challengers = [v for v in verdicts if v.trial not in baselines]
-        if not challengers or any(v.accepted for v in challengers):
+        following = following_in_line(verdicts, screened, baselines, maximize=True)
+        if following is None:
             break
-        bar = max((v.median for v in verdicts if v.accepted and v.trial in baselines), default=-math.inf)
-        judged = {v.trial for v in verdicts}
-        following = next(((m, p) for m, p in screened if p not in judged and p not in baselines), None)
-        if following is None or following[0] <= bar:
-            break
-        confirm(following[1])
+        confirm(following)
     chosen = pick_winner(verdicts, maximize=True, incumbent=baselines)
     best_point = chosen.trial if chosen is not None else candidates[0]
     return float(truth.value[best_point])
@@ -690,9 +692,8 @@ def cmd_reexport(args: argparse.Namespace) -> int:
     for r in rows:
         if "points" in r and r["method"] != "grid":
             by_truth.setdefault((r["node"], r["seed"], r.get("spread", 0.3), r.get("truth", "wave")), []).append(r)
-    nodes: dict[str, Node] = {}
     for (node_name, seed, spread, kind), mine in sorted(by_truth.items()):
-        node = nodes.get(node_name) or nodes.setdefault(node_name, load_node(node_name))
+        node = _NODES.get(node_name) or _NODES.setdefault(node_name, load_node(node_name))
         truth = make_truth(node, seed, spread, kind)
         for r in mine:
             measured = r["measured"]

@@ -38,8 +38,9 @@ from tuner.study.progress import Progress, phase_reporter
 from tuner.study.ranking import best_feasible_trial, feasible_trials
 from tuner.trial import TrialContext, TrialOutcome
 
-__all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winner", "close_to_lead", "judge",
-           "mad", "measured_noise", "pick_winner", "robust_score", "within_noise"]
+__all__ = ["ConfirmSpec", "Confirmation", "ConfirmationPhase", "RunTrial", "Winner", "close_to_lead",
+           "following_in_line", "judge", "mad", "measured_noise", "pick_winner", "robust_score", "with_control",
+           "within_noise"]
 
 MAX_REPEATS_WHEN_DONE = 10
 """Repeats per candidate when screening ends early and the rest of the budget goes to confirmation."""
@@ -280,6 +281,32 @@ def close_to_lead(ranked: Sequence[tuple[float, int]], noise: float) -> list[int
     return [i for value, i in ranked if abs(value - lead) <= INCUMBENT_BAND * noise * abs(lead)]
 
 
+def following_in_line(confirmations: Sequence[Confirmation], ranked: Sequence[tuple[float, int]],
+                      recipes: Collection[int], *, maximize: bool) -> int | None:
+    """The next screening trial to confirm once every challenger (a candidate that is not one of ``recipes``)
+    confirmed so far was rejected (``ranked``: (screening value, id), best first): the best one not confirmed
+    yet, when it screened better than the best confirmed recipe's median (one that did not cannot displace it).
+    None: a challenger was accepted, none was confirmed yet, or no trial is left that could win."""
+    challengers = [c for c in confirmations if c.control_of is None and c.trial not in recipes]
+    if not challengers or any(c.accepted for c in challengers):
+        return None
+    sign = 1.0 if maximize else -1.0
+    held = [sign * c.median for c in confirmations if c.accepted and c.trial in recipes and c.control_of is None]
+    bar = max(held, default=-math.inf)
+    judged = {c.trial for c in confirmations}
+    for value, trial in ranked:
+        if trial in judged or trial in recipes:
+            continue
+        return trial if sign * value > bar else None
+    return None
+
+
+def with_control(config: ServeConfig, trial: int) -> list[tuple[ServeConfig, int | None]]:
+    """What confirming ``config`` (screening trial ``trial``) launches: it, and its no-speculation control after
+    it when it speculates ((configuration, the trial it is the control of))."""
+    return [(config, None)] + ([(config.control(), trial)] if config.is_speculative else [])
+
+
 @dataclass
 class ConfirmationPhase:
     """Confirms one study's top-k screening trials; ``path`` is the study folder."""
@@ -308,13 +335,10 @@ class ConfirmationPhase:
         out: list[tuple[int, ServeConfig, int | None]] = []
         seen: set[str] = set()
         for t in top:
-            config = build_config(self.profile, t.params)
-            if config.key() not in seen:
-                out.append((t.number, config, None))
-                seen.add(config.key())
-            if config.is_speculative and config.control().key() not in seen:
-                out.append((t.number, config.control(), t.number))
-                seen.add(config.control().key())
+            for config, control_of in with_control(build_config(self.profile, t.params), t.number):
+                if config.key() not in seen:
+                    out.append((t.number, config, control_of))
+                    seen.add(config.key())
         return out
 
     def incumbents(self, study: optuna.Study) -> list[int]:
@@ -325,24 +349,11 @@ class ConfirmationPhase:
         return close_to_lead([(float(t.value or 0.0), t.number) for t in self._baselines(study)], self.spec.noise)
 
     def next_in_line(self, study: optuna.Study) -> int | None:
-        """The next screening trial to confirm once every challenger (a candidate that is not a recipe) confirmed
-        so far was rejected: the best one not confirmed yet, when it screened better than the best confirmed
-        recipe's median (one that did not cannot displace it). None: a challenger was accepted, nothing was
-        confirmed yet, or no trial is left that could win."""
-        confirmations = self.confirmations(study)
-        recipes = {t.number for t in self._baselines(study)}
-        challengers = [c for c in confirmations if c.control_of is None and c.trial not in recipes]
-        if not challengers or any(c.accepted for c in challengers):
-            return None
-        sign = 1.0 if self.maximize else -1.0
-        held = [sign * c.median for c in confirmations if c.accepted and c.trial in recipes and c.control_of is None]
-        bar = max(held, default=-math.inf)
-        judged = {c.trial for c in confirmations}
-        for t in sorted(feasible_trials(study), key=lambda t: sign * float(t.value or 0.0), reverse=True):
-            if t.number in judged or t.number in recipes:
-                continue
-            return t.number if sign * float(t.value or 0.0) > bar else None
-        return None
+        """The next screening trial to confirm once every challenger confirmed so far was rejected
+        (:func:`following_in_line` over this study's feasible trials; None: none)."""
+        ranked = sorted(feasible_trials(study), key=lambda t: float(t.value or 0.0), reverse=self.maximize)
+        return following_in_line(self.confirmations(study), [(float(t.value or 0.0), t.number) for t in ranked],
+                                 {t.number for t in self._baselines(study)}, maximize=self.maximize)
 
     def _baselines(self, study: optuna.Study) -> list[FrozenTrial]:
         """The baselines that met the SLOs in screening, best first (none when the spec confirms no incumbent)."""
@@ -424,10 +435,9 @@ class ConfirmationPhase:
                 progress.events.append(f"no time left to confirm trial {following}, the next in line")
                 on_progress(progress)
                 break
-            candidate = build_config(self.profile, study.trials[following].params)
             progress.events.append(f"every challenger confirmed so far was rejected; confirming trial {following}, "
                                    "the next in line")
-            pairs = [(candidate, None)] + ([(candidate.control(), following)] if candidate.is_speculative else [])
+            pairs = with_control(build_config(self.profile, study.trials[following].params), following)
             progress.confirm_planned += len(pairs)
             for each, control_of in pairs:
                 if not should_stop():
