@@ -482,15 +482,17 @@ class _Fixed:
 # -- the table --------------------------------------------------------------------------------------------------
 _NODES: dict[str, Node] = {}
 _TRUTHS: dict[tuple[str, int, float, str], Any] = {}
-TRUTHS = ("wave", "independent")
+TRUTHS = ("wave", "independent", "independent-quiet")
 """``wave``: the prior's own model with its constants drawn away (section 1 of docs/search.md);
 ``independent``: a node written without it (tuner.engines.emulated.independent, issue 24)."""
-DEFAULT_SPREAD = {"wave": 0.3, "independent": 0.2}
+DEFAULT_SPREAD = {"wave": 0.3, "independent": 0.2, "independent-quiet": 0.2}
 
 
 def make_truth(node: Node, seed: int, spread: float, kind: str = "wave") -> Any:
     if kind == "independent":
         return search_truth.make_independent_truth(node.table, node.model, seed, spread)
+    if kind == "independent-quiet":
+        return search_truth.quiet(search_truth.make_independent_truth(node.table, node.model, seed, spread))
     return search_truth.make_truth(node.table, node.model, seed, spread)
 
 
@@ -508,7 +510,7 @@ def _job(args: tuple[str, str, int, int, float, float, float, str]) -> dict[str,
     out = run.to_json()
     out.update({"launches_cap": launches, "noise": noise, "latency_noise": latency_noise, "spread": spread,
                 "truth": kind})
-    if kind == "independent":
+    if kind.startswith("independent"):
         out["optimum_all"] = round(truth.optimum_all, 2)
     return out
 
@@ -625,6 +627,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def measurement_noise(runs: list[dict[str, Any]], params: Any) -> dict[str, dict[str, float]]:
+    """How far each launch's measured value fell from its true value (log sd, in %), launches with and without
+    speculative drafts apart: the noise the node measured with, which no search is told."""
+    ratios: dict[str, list[float]] = {"no_drafts": [], "drafts": []}
+    for r in runs:
+        for point, measured, true in zip(r.get("points", []), r["measured"], r["values"], strict=False):
+            if measured is not None and true > 0:
+                drafts = int(params[point].get("speculative.draft_tokens", 0) or 0) > 0
+                ratios["drafts" if drafts else "no_drafts"].append(math.log(measured / true))
+    return {k: {"launches": len(v), "sd_pct": round(100 * statistics.pstdev(v), 1) if len(v) > 1 else 0.0}
+            for k, v in ratios.items()}
+
+
 def cmd_summarize(args: argparse.Namespace) -> int:
     rows = [json.loads(line) for line in args.cache.read_text().splitlines()]
     rows = [r for r in rows if r.get("noise") == args.noise and r.get("latency_noise") == args.latency_noise
@@ -665,6 +680,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
                 mine = sorted((r for r in latest.values() if r["node"] == node and r["method"] == method),
                               key=lambda r: r["seed"])
                 params = n.table.params
+                summary["nodes"][node][method]["measurement_noise"] = measurement_noise(mine, params)
                 summary["nodes"][node][method]["cells_launched"] = [
                     dict(Counter(f"{params[p].get('topology', params[p].get('disaggregation'))}|"
                                  f"{params[p].get('speculative.draft_tokens', 0)}"
@@ -807,11 +823,11 @@ def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--nodes", default=",".join(NODES))
     common.add_argument("--truth", choices=TRUTHS, default="wave",
-                        help="the node: the prior's model with its constants drawn away (wave), or a node written "
-                        "without it (independent)")
+                        help="the node: the prior's model with its constants drawn away (wave), a node written "
+                        "without it (independent), or that node measured without its noise (independent-quiet, a "
+                        "diagnostic)")
     common.add_argument("--cache", type=Path, default=None,
-                        help="the runs (default runs/bench-search/runs.jsonl; independent.jsonl for --truth "
-                        "independent)")
+                        help="the runs (default runs/bench-search/runs.jsonl; <truth>.jsonl for the others)")
     common.add_argument("--launches", type=int, default=0,
                         help="launch cap per run (default: each method's, 40 for the model-based, 100-200 for the "
                         "cheap ones)")

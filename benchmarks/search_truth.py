@@ -15,6 +15,7 @@ truth takes a fraction of a second, so every seed's is exact, not sampled.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -201,6 +202,12 @@ class IndependentTruth:
         feasible = bool(s.feasible[0])
         return Outcome(True, feasible, float(s.value[0]), None if feasible else "slo_violated",
                        int(noisy.concurrency[0, j]), figures, tuple(float(m) for m in s.margins[0]))
+
+
+def quiet(truth: IndependentTruth) -> IndependentTruth:
+    """``truth`` measured without noise: every launch measures its noise-free figures (a diagnostic: how much of
+    what a search misses on the node is its noise, not its structure)."""
+    return dataclasses.replace(truth, noise_sd=np.zeros_like(truth.noise_sd), slow_p=0.0, latency_sd=0.0)
 
 
 def make_independent_truth(table: SpaceTable, model: ObjectiveModel, seed: int, spread: float = 0.2

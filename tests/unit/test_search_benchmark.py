@@ -58,8 +58,10 @@ def test_the_model_guided_study_beats_the_sampler_alone_and_random_search(runs: 
     median = {m: statistics.median(_to(r, 0.95) for r in rs) for m, rs in runs.items()}
     # 8 before the second spread (issue 24's last step): once the model is distrusted the guide now measures
     # each competitive topology's speculative gain and the topologies it never launched before it refines,
-    # which costs this node, whose structure the model has right, a few launches on seeds 2 and 3 (measured 9.5)
-    assert median["model"] <= 10, median
+    # which costs this node, whose structure the model has right, a few launches on seeds 2 and 3 (measured 9.5);
+    # since a speculative twin takes the token budget its drafts need, a probe whose budget is raised takes its own
+    # control too (measured 10.5; the full table's median is 7, as before: docs/search.md, section 1)
+    assert median["model"] <= 11, median
     assert median["model"] < median["tpe"], median
     assert median["model"] < median["random"], median
 

@@ -22,19 +22,19 @@ from tuner.predict.explore import cell_of
 SEEDS = range(8)
 CAP = 12
 MEDIAN_TO_95 = 8
-"""The issue's goal: 95 % of the optimum within 8 launches in the median (measured: 6 on these seeds)."""
+"""The issue's goal: 95 % of the optimum within 8 launches in the median (measured: 7.5 on these seeds)."""
 EXPORTED_FLOOR = 0.88
-"""Every seed's winner exported after 12 launches is at least this share of the optimum (measured: 0.89 at worst)."""
+"""Every seed's winner exported after 12 launches is at least this share of the optimum (measured: 0.91 at worst)."""
 BASELINE_SLACK = 0.06
-"""No seed's exported winner falls below the best seeded baseline by more than this share (measured: 0.057 at
-worst, seed 0: the baseline's own confirmation did not hold, so it was no bar to clear)."""
+"""No seed's exported winner falls below the best seeded baseline by more than this share (measured: none falls
+below it; 0.057 at worst before the recipes were confirmed beside the candidates, seed 0)."""
 H200_SEEDS = range(4)
 H200_CAP = 16
 SPECULATIVE_CELLS = 3
-"""Topologies whose speculative gain the second spread measured within 16 launches, at least (measured: 3-5)."""
+"""Topologies whose speculative gain the second spread measured within 16 launches, at least (measured: 3-4)."""
 H200_EXPORTED = 0.95
-"""Each of these seeds' winner exported after 12 launches, as a share of the optimum (measured: 0.952 at worst,
-seed 3; without the second spread the same seeds export the same winners: the spread's gain there is later)."""
+"""Each of these seeds' winner exported after 12 launches, as a share of the optimum (measured: 0.971 at worst,
+seed 3)."""
 DISTRUSTED = 5
 """Seeds on which the guide stops trusting the model within 12 launches (measured: 6 of 8)."""
 
@@ -112,3 +112,35 @@ def test_on_h200x8_the_second_spread_measures_what_the_model_ranks_low(bench: Mo
     truth = bench.make_truth(h200, 0, 0.2, "independent")
     ablation = bench.run_study(h200, truth, bench.METHODS["model-one-spread"], 0, H200_CAP, stop_when_reached=False)
     assert not _speculative_cells(h200, ablation)
+
+
+def test_the_quiet_node_measures_its_noise_free_values(bench: ModuleType, node: object) -> None:
+    """``--truth independent-quiet`` (the diagnostic of docs/search.md, section 2b) is the same node measured
+    without its noise: each launch measures the value the table scores it by, an SLO miss stays one."""
+    import numpy as np
+
+    truth = bench.make_truth(node, 0, 0.2, "independent")
+    quiet = bench.make_truth(node, 0, 0.2, "independent-quiet")
+    assert quiet.optimum == truth.optimum
+    rng = np.random.default_rng(0)
+    runs = [int(p) for p in np.flatnonzero(truth.value > 0)[::97][:20]]
+    missed = [int(p) for p in np.flatnonzero((truth.value == 0) & ~node.table.prunable)[:5]]  # type: ignore[attr-defined]
+    assert runs and missed
+    for point in runs:
+        outcome = quiet.measure(point, rng)
+        assert outcome.feasible and outcome.value == pytest.approx(float(truth.value[point]), rel=1e-9)
+    assert not any(quiet.measure(p, rng).feasible for p in missed)
+    noisy = [truth.measure(p, rng).value / float(truth.value[p]) for p in runs]
+    assert max(abs(r - 1.0) for r in noisy) > 0.01  # the node itself is noisy: the diagnostic removes something
+
+
+def test_measurement_noise_reads_the_launches_apart_by_drafts(bench: ModuleType, node: object) -> None:
+    params = node.table.params  # type: ignore[attr-defined]
+    plain = next(i for i, p in enumerate(params) if not p.get("speculative.draft_tokens"))
+    drafted = next(i for i, p in enumerate(params) if p.get("speculative.draft_tokens"))
+    runs = [{"points": [plain, plain, drafted, drafted, plain], "measured": [110.0, 90.0, 100.0, 100.0, None],
+             "values": [100.0, 100.0, 100.0, 100.0, 100.0]}]
+    got = bench.measurement_noise(runs, params)
+    assert got["no_drafts"]["launches"] == 2 and got["drafts"]["launches"] == 2
+    assert got["drafts"]["sd_pct"] == 0.0
+    assert 9.0 < got["no_drafts"]["sd_pct"] < 11.0

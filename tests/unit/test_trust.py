@@ -10,9 +10,18 @@ import pytest
 
 from tuner.objective import Objective, Workload
 from tuner.predict import Guide, Predictor, predictor_for
-from tuner.predict.explore import AMPLITUDE_FLOOR, ResidualGP, cell_of, failure_rate, speculative_twins
+from tuner.predict.explore import (
+    AMPLITUDE_FLOOR,
+    BUDGET_PARAM,
+    ResidualGP,
+    cell_of,
+    failure_rate,
+    speculative_twins,
+    twin_budget,
+)
 from tuner.predict.trust import Residual, Trust
 from tuner.search import bind_checkpoint, load_checkpoint, load_profile
+from tuner.search.profile import DRAFT_TOKENS_PARAM
 
 OBJECTIVE = Objective.model_validate({
     "name": "t", "metric": "output_throughput", "slos": {"p95_ttft_ms": 120000, "p95_itl_ms": 1000},
@@ -129,9 +138,10 @@ def test_the_second_spread_measures_each_cell_the_model_has_no_launch_for_then_h
         before = guide.launched_points
         tried = {cell_of(params[p]) for p in before}
         topology, speculates = cell_of(params[choice.point])
-        if speculates:  # the speculative twin of a launch that ran: its control has run, one launch
+        if speculates:  # the speculative twin of a launch that ran, at the token budget its drafts need there
             assert (topology, True) not in tried
-            assert any(choice.point in speculative_twins(predictor.table, p) for p in before)
+            seats = guide.seats()
+            assert any(choice.point in speculative_twins(predictor.table, p, seats.get(p)) for p in before)
         else:  # a topology never launched
             assert all(where != topology for where, _ in tried)
         spread.append(choice.point)
@@ -185,3 +195,44 @@ def test_a_launch_that_missed_its_slos_teaches_the_measured_failure_rate(predict
     near_ran = int(np.flatnonzero((codes != codes[top[0]]).sum(axis=1) == 1)[0])
     rate = failure_rate(codes, outcomes, np.array([near_missed, near_ran]))
     assert rate[0] > rate[1]
+
+
+def _plain(predictor: Predictor, **values: object) -> int:
+    """The first launchable point without drafts whose levers hold ``values``."""
+    table = predictor.table
+    for i, params in enumerate(table.params):
+        if (not table.prunable[i] and not params.get(DRAFT_TOKENS_PARAM)
+                and all(params.get(k.replace("_", "-")) == v for k, v in values.items())):
+            return i
+    raise AssertionError(f"no launchable point without drafts has {values}")
+
+
+def test_a_speculative_twin_takes_the_token_budget_its_drafts_need(predictor: Predictor) -> None:
+    """vLLM charges each running request its drafts from the token budget: at 1024 running requests a rank, a
+    1024/1024 workload and 3 drafts a twin needs 1024 × (1 + 3 + 1) = 5,120 tokens a step, so a control at 4,096
+    has a twin at 8,192; at 256 requests a rank (1,280 tokens) the control's own budget holds it."""
+    table = predictor.table
+    point = _plain(predictor, max_num_seqs=1024, max_num_batched_tokens=4096)
+    assert twin_budget(table, point, 3, 1024.0) == 8192
+    assert twin_budget(table, point, 3, 256.0) == 4096
+    assert twin_budget(table, point, 3, 1e6) == 16384  # none holds it: the largest offered
+    held = speculative_twins(table, point, 1024.0)
+    own = speculative_twins(table, point)
+    assert held and own and set(held).isdisjoint(own)
+    assert all(table.params[q][BUDGET_PARAM] > 4096 for q in held)
+    assert all(table.params[q][BUDGET_PARAM] == 4096 for q in own)
+    for q in held:  # the twin is the launch with drafts and that budget, nothing else changed
+        differ = {k for k, v in table.params[q].items() if table.params[point].get(k) != v}
+        assert differ <= {DRAFT_TOKENS_PARAM, BUDGET_PARAM}
+
+
+def test_the_guide_reads_the_running_requests_a_rank_from_each_launch(predictor: Predictor) -> None:
+    guide = Guide(predictor, seed=0)
+    point = _plain(predictor, max_num_seqs=1024)
+    row = int(predictor.table.phys_of[point])
+    dp = float(predictor.table.physics.dp[row])
+    _observe(guide, point, 1000.0)  # at concurrency 2048
+    assert guide.seats()[point] == pytest.approx(min(1024.0, 2048.0 / dp))
+    failed = _plain(predictor, max_num_seqs=512)
+    guide.observe(failed, concurrency=None, figures=None, value=None, feasible=False, failure_class="oom")
+    assert failed not in guide.seats()  # a launch without figures measured no running requests

@@ -14,7 +14,8 @@ A model that is wrong is often wrong about a whole **cell**, a topology with or 
 decoding (a hybrid TP × DP the model undervalues, drafts that pay more on one topology than it says).
 So the candidates also hold the model's best few configurations of every cell, the neighbours of the best
 launch of every cell that measured within reach of the best, and the speculative twins of every
-launch that ran (their control has run: one launch each). In the GP's distance a different topology or
+launch that ran, at its own token budget and at the one their drafts need (:func:`twin_budget`; at its own
+budget the control has run: one launch). In the GP's distance a different topology or
 draft count weighs :data:`CELL_WEIGHT` levers: what was measured in one cell says less about another, so
 a cell nobody launched keeps the model's uncertainty and its expected improvement. Pure numpy.
 """
@@ -33,8 +34,8 @@ from tuner.predict.table import descending
 from tuner.search.profile import DISAGG_PARAM, DRAFT_TOKENS_PARAM, TOPOLOGY_PARAM
 from tuner.search.space import build_config
 
-__all__ = ["AMPLITUDE_FLOOR", "CELL_SD", "CELL_WEIGHT", "NEIGHBOUR_DISTANCE", "Explored", "ResidualGP", "cell_codes",
-           "cell_of", "explore", "lever_weights", "second_spread", "speculative_twins"]
+__all__ = ["AMPLITUDE_FLOOR", "BUDGET_PARAM", "CELL_SD", "CELL_WEIGHT", "NEIGHBOUR_DISTANCE", "Explored", "ResidualGP",
+           "cell_codes", "cell_of", "explore", "lever_weights", "second_spread", "speculative_twins", "twin_budget"]
 
 AMPLITUDE_FLOOR = 0.2
 """Log-space sd of the GP's departure from the model, at least: the model was found wrong by more than it said."""
@@ -57,6 +58,7 @@ SPREAD_REACH = 0.6
 this share of the best launch: a speculative gain of up to 1 / 0.6, about 1.7 times, could still win."""
 SPREAD_FAIL = 0.5
 """The second spread skips a configuration the failure memory gives at least this chance to fail."""
+BUDGET_PARAM = "max-num-batched-tokens"
 LENGTH = 1.5
 DRAWS = 64
 FAILURE_PRIOR_RATE = 0.1
@@ -129,14 +131,16 @@ def failure_rate(codes: np.ndarray, outcomes: Sequence[tuple[int, bool]], points
 def explore(predictor: object, coeffs: Coefficients, observed: Sequence[tuple[int, float]], launched: set[int],
             p_fail: Callable[[np.ndarray], np.ndarray], cost: Callable[[int], float], rng: np.random.Generator, *,
             noise_sd: float, exclude: Sequence[int] = (), outcomes: Sequence[tuple[int, bool]] = (),
-            cells: np.ndarray | None = None) -> Explored | None:
+            cells: np.ndarray | None = None, seats: Mapping[int, float] | None = None) -> Explored | None:
     """The next launch by expected improvement under the measurement-led GP (None: nothing to measure from).
 
     ``observed``: (point, measured objective value) of every launch that met the SLOs; ``launched``: every
     point launched (failed ones too); ``p_fail``: the failure memory's chance per point; ``cost``: launches a
     point takes (a speculative point whose control has not run costs two); ``outcomes``: (point, gave no value:
     failed, or missed an SLO) of every launch, for the measured failure rate (:func:`failure_rate`); ``cells``:
-    the cell of every table point as one integer (:func:`cell_codes`; computed when not given).
+    the cell of every table point as one integer (:func:`cell_codes`; computed when not given); ``seats``: the
+    running requests per DP rank each launch measured at, for its speculative twins' token budget
+    (:func:`twin_budget`: the twins at the launch's own budget are candidates too).
     """
     if not observed:
         return None
@@ -166,7 +170,8 @@ def explore(predictor: object, coeffs: Coefficients, observed: Sequence[tuple[in
             continue
         per_cell[int(cells[q])] = per_cell.get(int(cells[q]), 0) + 1
         top.append(int(q))
-    twins = {t for pt in obs_points for t in speculative_twins(table, int(pt))}
+    twins = {t for pt in obs_points for held in (None, (seats or {}).get(int(pt)))
+             for t in speculative_twins(table, int(pt), held)}
     cand = np.array(sorted((near | set(top) | twins) - blocked), dtype=np.int64)
     cand = cand[~table.prunable[cand]] if cand.size else cand
     if cand.size == 0:
@@ -251,9 +256,12 @@ def lever_weights(table: object) -> np.ndarray:
     return np.array([CELL_WEIGHT if n in heavy else 1.0 for n in names])
 
 
-def speculative_twins(table: object, point: int) -> list[int]:
+def speculative_twins(table: object, point: int, seats: float | None = None) -> list[int]:
     """The points that are ``point`` with each draft count the profile offers (``point`` without drafts), but
-    those the feasibility model refuses."""
+    those the feasibility model refuses.
+
+    With ``seats`` (the running requests per DP rank ``point`` measured at), each twin takes the token budget its
+    drafts need (:func:`twin_budget`) instead of ``point``'s own."""
     params = table.params[point]  # type: ignore[attr-defined]
     profile = table.profile  # type: ignore[attr-defined]
     if cell_of(params)[1] or profile.speculative is None:
@@ -262,11 +270,34 @@ def speculative_twins(table: object, point: int) -> list[int]:
     for drafts in profile.speculative.draft_tokens.choices or ():
         if int(drafts) <= 0:
             continue
-        key = build_config(profile, {**params, DRAFT_TOKENS_PARAM: drafts}).key()
+        twin = {**params, DRAFT_TOKENS_PARAM: drafts}
+        if seats is not None and BUDGET_PARAM in params:
+            twin[BUDGET_PARAM] = twin_budget(table, point, int(drafts), seats)
+        key = build_config(profile, twin).key()
         found = table.index_of.get(key)  # type: ignore[attr-defined]
         if found is not None and not table.prunable[found]:  # type: ignore[attr-defined]
             out.append(int(found))
     return out
+
+
+def twin_budget(table: object, point: int, drafts: int, seats: float) -> int:
+    """The token budget (``max-num-batched-tokens``) a speculative twin of ``point`` needs at ``seats`` running
+    requests per DP rank.
+
+    vLLM's scheduler charges every running request its draft tokens too (``num_tokens_with_spec``: 1 + drafts
+    a step), and the prompts pass through the same budget: at least ``prompt / output`` tokens a step for each
+    running request, as for the control (more when drafts are accepted and requests finish sooner):
+    ``seats × (1 + drafts + prompt / output)``. A twin that keeps its control's budget can be starved of prefill
+    where the control was not. The smallest offered budget that holds it, never below ``point``'s own; the
+    largest offered where none does."""
+    params = table.params[point]  # type: ignore[attr-defined]
+    own = int(params[BUDGET_PARAM])
+    lever = table.profile.lever(BUDGET_PARAM)  # type: ignore[attr-defined]
+    choices = sorted(int(c) for c in (lever.choices if lever is not None and lever.choices else [own]))
+    workload = table.workload  # type: ignore[attr-defined]
+    need = seats * (1.0 + drafts + workload.input_len / max(workload.output_len, 1))
+    fits = [c for c in choices if c >= max(own, need)]
+    return fits[0] if fits else max(own, choices[-1])
 
 
 def _near_best(codes: np.ndarray, cells: np.ndarray, obs_points: np.ndarray, y: np.ndarray) -> set[int]:
@@ -289,7 +320,7 @@ def _near_best(codes: np.ndarray, cells: np.ndarray, obs_points: np.ndarray, y: 
 
 def second_spread(predictor: object, coeffs: Coefficients, observed: Sequence[tuple[int, float]], launched: set[int],
                   p_fail: Callable[[np.ndarray], np.ndarray], *, exclude: Sequence[int] = (),
-                  cells: np.ndarray | None = None) -> Explored | None:
+                  cells: np.ndarray | None = None, seats: Mapping[int, float] | None = None) -> Explored | None:
     """The next launch of the second spread, once the model is distrusted (None: the spread is done).
 
     A model found wrong is least to be believed where it has no measurement: the speculative gain of a
@@ -297,8 +328,10 @@ def second_spread(predictor: object, coeffs: Coefficients, observed: Sequence[tu
     to launch. So before the GP refines, the guide measures, best first:
 
     - for every topology whose best launch measured at least :data:`SPREAD_REACH` of the best launch and
-      that has no speculative launch yet: that launch's speculative twin (its control has run: one launch),
-      with the draft count the corrected model prefers (the fewest when it prefers none);
+      that has no speculative launch yet: that launch's speculative twin (one launch where its control has
+      run, two where its budget is raised), with the draft count the corrected model prefers (the fewest when
+      it prefers none), and the token budget those drafts need at the running requests that launch measured
+      (``seats``, per DP rank: :func:`twin_budget`; its own budget when not known);
     - for every topology never launched whose best configuration under the corrected model could still win
       by what the model has been off so far: its prediction, times the launches' mean measured / predicted
       ratio, within ``exp(−2 sd)`` of the best launch, ``sd`` the spread of the launches' log ratios (at least
@@ -330,7 +363,7 @@ def second_spread(predictor: object, coeffs: Coefficients, observed: Sequence[tu
     for where, (value, pt) in best_launch.items():
         if value < SPREAD_REACH * best or (where, True) in tried:
             continue
-        twins = [t for t in speculative_twins(table, pt) if t not in blocked]
+        twins = [t for t in speculative_twins(table, pt, (seats or {}).get(pt)) if t not in blocked]
         if twins:
             predicted = model.values(np.array(twins, dtype=np.int64))
             options.append((value, twins[int(np.argmax(predicted))] if predicted.max() > 0 else twins[0]))

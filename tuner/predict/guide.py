@@ -533,16 +533,28 @@ class Guide:
 
         outcomes = self.outcomes()
         led_by = "spread"
+        seats = self.seats()
         found = second_spread(self.predictor, self.coefficients(), observed, launched, self._p_fail, exclude=exclude,
-                              cells=self.predictor.cells) if self.second_spread and not self._refine_first() else None
+                              cells=self.predictor.cells, seats=seats) \
+            if self.second_spread and not self._refine_first() else None
         if found is None:
             led_by = "measurements"
             found = explore(self.predictor, self.coefficients(), observed, launched, self._p_fail, cost, self._rng,
-                            noise_sd=self.noise_sd, exclude=exclude, outcomes=outcomes, cells=self.predictor.cells)
+                            noise_sd=self.noise_sd, exclude=exclude, outcomes=outcomes, cells=self.predictor.cells,
+                            seats=seats)
         if found is None:
             return None
         return Choice(point=found.point, predicted=found.predicted, expected_improvement=found.expected_improvement,
                       p_fail=found.p_fail, led_by=led_by)
+
+    def seats(self) -> dict[int, float]:
+        """The running requests per DP rank each launch with figures measured at: its reported concurrency over
+        its DP size, at most its ``max-num-seqs``."""
+        phys = self.predictor.table.physics
+        return {launch.point: min(
+                    float(phys.max_num_seqs[obs.row]),
+                    obs.concurrency / max(float(phys.dp[obs.row]), 1.0))
+                for launch in self.launches if (obs := launch.observation) is not None}
 
     def outcomes(self) -> list[tuple[int, bool]]:
         """(point, gave no value) of every launch that ended on its own, for the measured failure rate

@@ -15,11 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ORDER = ("model", "model-ties", "model-one-spread", "model-step3", "model-step2", "model-before", "model-classpicks",
-         "model-trusting", "tpe", "gp", "random", "grid")
+ORDER = ("model", "model-step4", "model-ties", "model-one-spread", "model-step3", "model-step2", "model-before",
+         "model-classpicks", "model-trusting", "tpe", "gp", "random", "grid")
 LABEL = {"model": "**`--prior model`** (this issue: second spread, cell GP, confirmed recipes, SLO misses "
-                   "learned, ties in the profile's order, confirmation down the ranking)",
-         "model-ties": "`--prior model`, the same runs, their winners confirmed as before (not down the ranking)",
+                   "learned, ties in the profile's order, confirmation down the ranking, speculative twins at the "
+                   "token budget their drafts need)",
+         "model-step4": "`--prior model`, speculative twins at their control's token budget (confirmation down the "
+                        "ranking; earlier run)",
+         "model-ties": "`--prior model`, speculative twins at their control's token budget, their winners confirmed "
+                       "as before (not down the ranking; earlier run)",
          "model-one-spread": "`--prior model` without the second spread or the confirmed recipes (ablation)",
          "model-step3": "`--prior model`, this issue's third step, the model's ties broken by the host's sort "
                         "(earlier run)",
@@ -248,12 +252,40 @@ def tie_break(folder: Path) -> str:
 
 def next_in_line(folder: Path) -> str:
     """What confirming down the ranking changed: the same runs (``model-ties``, their exports as the third step
-    confirmed them; ``model``, re-exported by ``bench_search.py reexport``). Only the export columns can move."""
-    return _compare(folder, "model-ties", "model", "the same launches")
+    confirmed them; ``model-step4``, re-exported by ``bench_search.py reexport``; both kept from their run).
+    Only the export columns can move."""
+    return _compare(folder, "model-ties", "model-step4", "the same launches")
+
+
+def twin_budget(folder: Path) -> str:
+    """What the speculative twin's token budget changed: twins at their control's budget (``model-step4``, kept
+    from its run) against twins at the budget their drafts need (``model``)."""
+    return _compare(folder, "model-step4", "model", "twins at the control's budget → at the budget their drafts need")
+
+
+def noise(folder: Path) -> str:
+    """How much of what ``--prior model`` misses is the node's noise: its runs (``summary.json``,
+    ``heldout/summary.json``) against the same node measured without noise (``quiet/``, ``quiet-heldout/``:
+    ``bench_search.py --truth independent-quiet``), and the noise its launches measured with."""
+    lines = ["| seeds | node | the launches' noise, log sd: no drafts; drafts | launches to 98 % (median, quartiles): "
+             "with the node's noise → without | reached 98 % | exported after 12: median, worst |",
+             "|---|---|---|---|---|---|"]
+    for seeds, noisy, quiet in (("0–29", folder, folder / "quiet"),
+                                ("200–229 (held out)", folder / "heldout", folder / "quiet-heldout")):
+        quiet_nodes = _summary(quiet)["nodes"]
+        for node, per in _summary(noisy)["nodes"].items():
+            before, after = per["model"], quiet_nodes[node]["model"]
+            sd = before["measurement_noise"]
+            x, y = before["exported_after_12"], after["exported_after_12"]
+            lines.append(f"| {seeds} | {node} | {sd['no_drafts']['sd_pct']:g} %; {sd['drafts']['sd_pct']:g} % | "
+                         f"{_q(before['to_98'], before['cap'])} → {_q(after['to_98'], after['cap'])} | "
+                         f"{before['to_98']['reached']} → {after['to_98']['reached']} of {after['seeds']} | "
+                         f"{x['median']:.3f}, {x['worst']:.3f} → {y['median']:.3f}, {y['worst']:.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "heldout": heldout, "heldout_goal": heldout_goal, "launches": launches, "goal": goal,
     "optimum_cells": optimum_cells, "distrust": distrust, "truth": truth, "calibration": calibration,
     "total": total, "wall": wall, "third_step": third_step, "tie_break": tie_break,
-    "next_in_line": next_in_line}
+    "next_in_line": next_in_line, "twin_budget": twin_budget, "noise": noise}
