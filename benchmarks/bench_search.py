@@ -54,7 +54,7 @@ import search_truth  # noqa: E402
 from tuner.objective import Objective, constraint_names  # noqa: E402
 from tuner.predict import Guide, ObjectiveModel, Predictor, space_table, wave_bench  # noqa: E402
 from tuner.predict.steptime import coefficient_arrays  # noqa: E402
-from tuner.predict.table import descending  # noqa: E402
+from tuner.predict.table import descending, draft_tokens_of  # noqa: E402
 from tuner.search.envelope import objective_for  # noqa: E402
 from tuner.search.profile import (  # noqa: E402
     AGGREGATED,
@@ -634,8 +634,8 @@ def measurement_noise(runs: list[dict[str, Any]], params: Any) -> dict[str, dict
     for r in runs:
         for point, measured, true in zip(r.get("points", []), r["measured"], r["values"], strict=False):
             if measured is not None and true > 0:
-                drafts = int(params[point].get("speculative.draft_tokens", 0) or 0) > 0
-                ratios["drafts" if drafts else "no_drafts"].append(math.log(measured / true))
+                key = "drafts" if draft_tokens_of(params[point]) > 0 else "no_drafts"
+                ratios[key].append(math.log(measured / true))
     return {k: {"launches": len(v), "sd_pct": round(100 * statistics.pstdev(v), 1) if len(v) > 1 else 0.0}
             for k, v in ratios.items()}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from tests.conftest import load_benchmark
@@ -117,8 +118,6 @@ def test_on_h200x8_the_second_spread_measures_what_the_model_ranks_low(bench: Mo
 def test_the_quiet_node_measures_its_noise_free_values(bench: ModuleType, node: object) -> None:
     """``--truth independent-quiet`` (the diagnostic of docs/search.md, section 2b) is the same node measured
     without its noise: each launch measures the value the table scores it by, an SLO miss stays one."""
-    import numpy as np
-
     truth = bench.make_truth(node, 0, 0.2, "independent")
     quiet = bench.make_truth(node, 0, 0.2, "independent-quiet")
     assert quiet.optimum == truth.optimum
